@@ -1,0 +1,140 @@
+"""The plugin's settings, read from NoneBot's config (`.env`), every key `memsum_…`.
+
+A value out of range or of the wrong shape stops start-up with one line naming the
+key and what it allows (R-CFG-1); `load_config` turns pydantic's error into that.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+
+TIER_NAMES = ("onebot", "onebot.group", "onebot.private")
+
+
+class ModelConfig(BaseModel):
+    """One OpenAI-compatible model of `MEMSUM_MODELS`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=r"^[^/\s]+/\S+$")
+    """`provider/model`, the name preferences use."""
+    base_url: str = Field(pattern=r"^https?://")
+    """The API root, e.g. `https://api.deepseek.com/v1` (…/chat/completions is appended)."""
+    api_key: SecretStr = SecretStr("")
+    """Sent as `Authorization: Bearer …`; never logged."""
+    model: str = ""
+    """The model name sent to the API; empty means the part of `id` after `/`."""
+    context_window: int = Field(gt=0)
+    """Context window in tokens."""
+    max_output_tokens: int | None = Field(default=None, gt=0)
+    """The model's output limit, if it declares one."""
+    priority: int = 0
+    """Higher wins when no preference names a model."""
+    thinking_levels: tuple[str, ...] = ()
+    """Reasoning-effort values the model accepts, shallowest first."""
+    chat: bool = True
+    """Whether the model can hold a chat (summaries and replies need this)."""
+
+    @model_validator(mode="after")
+    def _default_api_name(self) -> ModelConfig:
+        if not self.model:
+            object.__setattr__(self, "model", self.id.split("/", 1)[1])
+        return self
+
+
+class Tier(BaseModel):
+    """Overrides one platform tier may carry."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    compress_at: float | None = Field(default=None, ge=0, le=1)
+    history_limit: int | None = Field(default=None, ge=0)
+
+
+class Config(BaseModel):
+    """Plugin configuration (NoneBot reads it from `.env`, case-insensitive)."""
+
+    memsum_models: list[ModelConfig] = []
+    """JSON list of OpenAI-compatible models (see README)."""
+    memsum_preferred_model: str | None = None
+    """Global model preference, `provider/model`."""
+    memsum_chat_model: str | None = None
+    """The chat agent's model preference."""
+    memsum_summary_model: str | None = None
+    """The summariser's model preference."""
+    memsum_compress_at: float = Field(default=0.8, ge=0, le=1)
+    """Automatic compression line, a fraction of the window; 0 = off (R-CFG-1/4)."""
+    memsum_summary_budget_ratio: float = Field(default=0.1, ge=0, le=0.5)
+    """Summary budget as a fraction of the compression line (R-BUD-1)."""
+    memsum_history_limit: int = Field(default=0, ge=0)
+    """Count line and the number of history messages sent to the model; 0 = off."""
+    memsum_trim_ratio: float = Field(default=1.0, gt=0, le=1)
+    """Trim budget = this × window − the reply reserve."""
+    memsum_reply_max_tokens: int = Field(default=1024, gt=0)
+    """Output tokens reserved for (and asked of) each reply."""
+    memsum_tiers: dict[str, Tier] = {}
+    """Platform tiers: keys `onebot`, `onebot.group`, `onebot.private`."""
+    memsum_persona: str = (
+        "你是群聊里的 AI 助手。用户消息开头的 [昵称(ID)] 标注了真实的发言人，"
+        "提到别人时用昵称称呼。回答简短、自然、用中文；不要在回复开头加 [昵称(ID)] 标注。"
+    )
+    """The persona system prompt."""
+    memsum_error_reply: str = "抱歉，我这边出了点问题，请稍后再试。"
+    """What the bot says in chat when a turn fails (details go to the log only)."""
+    memsum_db_path: Path | None = None
+    """SQLite file; default: the plugin's data file from nonebot-plugin-localstore."""
+    memsum_llm_timeout: float = Field(default=120, gt=0)
+    """Seconds one model request may take."""
+    memsum_tokenizer: str = Field(default="o200k_base", pattern=r"^(o200k_base|cl100k_base)$")
+    """tiktoken encoding for estimates, loaded offline."""
+    memsum_max_tool_rounds: int = Field(default=4, ge=0, le=32)
+    """How many tool-call rounds one turn may take."""
+    memsum_group_admin_commands: bool = False
+    """Let group owners and admins use /压缩, /摘要 and /清除 in their own group."""
+    memsum_forward_threshold: int = Field(default=300, ge=0)
+    """Replies longer than this many characters go out as merged-forward messages in groups; 0 = never."""
+    memsum_command_priority: int = Field(default=5, ge=0)
+    """Matcher priority of the commands."""
+    memsum_chat_priority: int = Field(default=50, ge=0)
+    """Matcher priority of recording and chat."""
+
+    @field_validator("memsum_tiers")
+    @classmethod
+    def _known_tiers(cls, tiers: dict[str, Tier]) -> dict[str, Tier]:
+        unknown = sorted(set(tiers) - set(TIER_NAMES))
+        if unknown:
+            raise ValueError(f"unknown tier {unknown[0]!r}; allowed: {', '.join(TIER_NAMES)}")
+        return tiers
+
+    @model_validator(mode="after")
+    def _unique_model_ids(self) -> Config:
+        seen: set[str] = set()
+        for m in self.memsum_models:
+            if m.id in seen:
+                raise ValueError(f"memsum_models: duplicate id {m.id!r}")
+            seen.add(m.id)
+        return self
+
+
+class ConfigError(Exception):
+    """A setting of `.env` is out of range or of the wrong shape."""
+
+
+def describe_error(err: ValidationError) -> str:
+    """One line naming the first bad key and what it allows, with no secret in it."""
+    first = err.errors(include_url=False, include_input=False)[0]
+    loc = [str(p) for p in first["loc"]]
+    key = loc[0].upper() if loc else "MEMSUM"
+    where = "".join(f"[{p}]" for p in loc[1:])
+    return f"invalid {key}{where}: {first['msg']}"
+
+
+def parse_config(raw: dict[str, Any]) -> Config:
+    """Validate `raw` (NoneBot's merged config) or raise ConfigError with one clear line."""
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(describe_error(err)) from None

@@ -1,0 +1,70 @@
+"""Domain records shared by every layer: plain frozen dataclasses, no nonebot, no I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Role = Literal["user", "assistant", "tool", "notice", "system"]
+CONVERSATION_ROLES: frozenset[str] = frozenset({"user", "assistant", "tool", "notice"})
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One function call an assistant message asks for (OpenAI `tool_calls[i]`)."""
+
+    id: str
+    name: str
+    arguments: str
+    """The arguments as the model wrote them (JSON text, not parsed)."""
+
+
+@dataclass(frozen=True, slots=True, eq=True)
+class Message:
+    """One history item of a session, as stored.
+
+    `id` is the storage order (row id) once stored, None before. `ts` is a unix
+    timestamp with sub-second precision. `event_marker` items (the compression
+    divider, a silent turn's record) are stored as role "system" and are never sent
+    to the model as conversation.
+    """
+
+    role: Role
+    content: str
+    name: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    ts: float = 0.0
+    metadata: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    event_marker: bool = False
+    id: int | None = None
+
+    @property
+    def is_conversation(self) -> bool:
+        """User, assistant, tool and notice messages that are not event markers."""
+        return not self.event_marker and self.role in CONVERSATION_ROLES
+
+
+RoomClass = Literal["room", "direct"]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    """Who a session is with.
+
+    `platform` is the birth platform ("onebot"), None for internal sessions (console,
+    scheduled tasks). `kind` is the platform type ("group", "private") or "internal".
+    `room_class` is "room" for multi-party places (groups), "direct" for one-to-one
+    chats, None for internal sessions. `peer` is the other party of a one-to-one
+    chat; `place` the group; `parent` the session a child session was spawned from.
+    """
+
+    id: str
+    platform: str | None
+    kind: str
+    place: str | None = None
+    peer: str | None = None
+    parent: str | None = None
+    room_class: RoomClass | None = None
+    created: float = 0.0
