@@ -1,0 +1,129 @@
+"""Schema migrations: append-only, numbered by their place in `MIGRATIONS`.
+
+`PRAGMA user_version` holds how many have run. Pending ones run in one
+`BEGIN IMMEDIATE` transaction together with the new user_version, so a crash
+leaves the old schema or the new one, and two processes opening the same
+file at once cannot both migrate. Never edit or reorder a released step:
+append a new one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Awaitable, Callable, Sequence
+
+import aiosqlite
+
+Migration = Callable[[aiosqlite.Connection], Awaitable[None]]
+
+
+class SchemaTooNewError(Exception):
+    """The file was written by a newer version of the plugin than this one."""
+
+    def __init__(self, found: int, known: int) -> None:
+        super().__init__(f"schema version {found} is newer than this code knows ({known})")
+        self.found = found
+        self.known = known
+
+
+async def _m001_initial(db: aiosqlite.Connection) -> None:
+    # The whole first schema. Sessions, history, metadata, settings and the usage
+    # ledger live in one file so the compression commit can be one transaction.
+    await db.execute(
+        """CREATE TABLE sessions (
+            id TEXT PRIMARY KEY,
+            platform TEXT,
+            kind TEXT NOT NULL,
+            place TEXT,
+            peer TEXT,
+            parent TEXT,
+            room_class TEXT CHECK (room_class IN ('room', 'direct')),
+            created REAL NOT NULL
+        )"""
+    )
+    # No foreign key to sessions: the memory must work for sessions that have no
+    # record (R-TPL-3 "without session records"). AUTOINCREMENT so an id is never
+    # reused and storage order stays strictly increasing for the file's life.
+    await db.execute(
+        """CREATE TABLE messages (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            session_id TEXT NOT NULL,
+            role TEXT NOT NULL CHECK (role IN ('user', 'assistant', 'tool', 'notice', 'system')),
+            content TEXT NOT NULL,
+            name TEXT,
+            tool_calls TEXT,
+            tool_call_id TEXT,
+            ts REAL NOT NULL,
+            metadata TEXT,
+            event_marker INTEGER NOT NULL DEFAULT 0,
+            archived INTEGER NOT NULL DEFAULT 0
+        )"""
+    )
+    # One index serves both "last N active" and "last N archived" of a session as a
+    # range scan in id order; a partial index on archived = 0 could not serve the
+    # archive, which holds most rows of a long-lived session.
+    await db.execute("CREATE INDEX messages_by_session ON messages (session_id, archived, id)")
+    await db.execute(
+        """CREATE TABLE metadata (
+            namespace TEXT NOT NULL,
+            key TEXT NOT NULL,
+            value TEXT NOT NULL,
+            PRIMARY KEY (namespace, key)
+        ) WITHOUT ROWID"""
+    )
+    await db.execute(
+        """CREATE TABLE settings (
+            scope TEXT NOT NULL CHECK (scope IN ('place', 'session')),
+            scope_key TEXT NOT NULL,
+            name TEXT NOT NULL,
+            value TEXT NOT NULL,
+            PRIMARY KEY (scope, scope_key, name)
+        ) WITHOUT ROWID"""
+    )
+    # session_id may be NULL: calls made for no session (a tool, a probe) are still
+    # paid for and should show in a global total.
+    await db.execute(
+        """CREATE TABLE ledger (
+            id INTEGER PRIMARY KEY,
+            session_id TEXT,
+            purpose TEXT NOT NULL,
+            model TEXT NOT NULL,
+            tokens_in INTEGER NOT NULL,
+            tokens_out INTEGER NOT NULL,
+            ts REAL NOT NULL
+        )"""
+    )
+    await db.execute("CREATE INDEX ledger_by_session ON ledger (session_id, purpose)")
+
+
+MIGRATIONS: tuple[Migration, ...] = (_m001_initial,)
+
+
+async def migrate(db: aiosqlite.Connection, migrations: Sequence[Migration] = MIGRATIONS) -> int:
+    """Bring the schema up to `len(migrations)`; return the version found before.
+
+    `db` must be in autocommit mode (`isolation_level=None`) with no transaction open.
+    Raises SchemaTooNewError, leaving the file untouched, when its version is newer.
+    """
+    await db.execute("BEGIN IMMEDIATE")
+    try:
+        # Read inside the write transaction: another process cannot migrate between
+        # our read and our writes.
+        async with db.execute("PRAGMA user_version") as cur:
+            row = await cur.fetchone()
+        found = int(row[0]) if row else 0
+        if found > len(migrations):
+            raise SchemaTooNewError(found, len(migrations))
+        for step in migrations[found:]:
+            await step(db)
+        if found < len(migrations):
+            await db.execute(f"PRAGMA user_version = {len(migrations):d}")
+        await db.execute("COMMIT")
+    except BaseException:
+        # A failed statement may already have ended the transaction (SQLITE_FULL,
+        # SQLITE_IOERR); then ROLLBACK finds none, which is fine.
+        with contextlib.suppress(sqlite3.OperationalError):
+            await db.execute("ROLLBACK")
+        raise
+    return found

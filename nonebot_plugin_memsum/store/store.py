@@ -1,0 +1,486 @@
+"""The plugin's memory: sessions, history, metadata, settings and the usage ledger in one SQLite file.
+
+One long-lived aiosqlite connection in autocommit mode (`isolation_level=None`);
+every transaction is an explicit `BEGIN IMMEDIATE` taken behind one asyncio lock,
+because all coroutines share that connection and so share its transaction state.
+`Store.transaction()` hands out a `Tx` for several steps that must commit together
+(the compression commit, R-RUN-11); every other `Store` method is one transaction
+of its own. sqlite errors leave this module as `StoreError`, cause chained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import sqlite3
+from collections.abc import AsyncIterator, Collection
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Literal, cast
+
+import aiosqlite
+
+from nonebot_plugin_memsum import clock
+from nonebot_plugin_memsum.types import Message, SessionRecord, ToolCall
+
+from .migrations import SchemaTooNewError, migrate
+
+SUMMARY_NAMESPACE = "summary"
+"""Metadata namespace of the summaries, key = session id (R-MEM-1)."""
+
+ClearKind = Literal["context", "summary"]
+
+# NORMAL is durable across application crashes in WAL mode and only risks the last
+# commits on power loss; busy_timeout waits out another process's write lock instead
+# of failing at once.
+_CONNECTION_PRAGMAS = (
+    "PRAGMA synchronous = NORMAL",
+    "PRAGMA foreign_keys = ON",
+    "PRAGMA busy_timeout = 5000",
+)
+
+_MESSAGE_COLUMNS = "id, role, content, name, tool_calls, tool_call_id, ts, metadata, event_marker"
+_SESSION_COLUMNS = "id, platform, kind, place, peer, parent, room_class, created"
+
+
+class StoreError(Exception):
+    """The store could not be opened, read or written, or was used the wrong way."""
+
+
+def _dump_json(value: Any, what: str) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError) as err:
+        raise StoreError(f"{what} is not JSON-serialisable: {err}") from err
+
+
+def _message_params(session_id: str, msg: Message, ts: float) -> tuple[Any, ...]:
+    tool_calls = (
+        _dump_json(
+            [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in msg.tool_calls], "tool_calls"
+        )
+        if msg.tool_calls
+        else None
+    )
+    metadata = _dump_json(dict(msg.metadata), "message metadata") if msg.metadata else None
+    return (
+        session_id,
+        msg.role,
+        msg.content,
+        msg.name,
+        tool_calls,
+        msg.tool_call_id,
+        ts,
+        metadata,
+        int(msg.event_marker),
+    )
+
+
+def _message_from_row(row: tuple[Any, ...]) -> Message:
+    # Positional unpacking: this runs for every message of every prompt.
+    msg_id, role, content, name, calls, call_id, ts, metadata, marker = row
+    return Message(
+        id=msg_id,
+        role=role,
+        content=content,
+        name=name,
+        tool_calls=tuple(
+            ToolCall(id=c["id"], name=c["name"], arguments=c["arguments"]) for c in json.loads(calls)
+        )
+        if calls
+        else (),
+        tool_call_id=call_id,
+        ts=ts,
+        metadata=json.loads(metadata) if metadata else {},
+        event_marker=bool(marker),
+    )
+
+
+def _session_from_row(row: tuple[Any, ...]) -> SessionRecord:
+    sid, platform, kind, place, peer, parent, room_class, created = row
+    return SessionRecord(
+        id=sid,
+        platform=platform,
+        kind=kind,
+        place=place,
+        peer=peer,
+        parent=parent,
+        room_class=room_class,
+        created=created,
+    )
+
+
+def _sql_limit(limit: float) -> int:
+    """`limit` as SQLite's LIMIT: -1 is no limit; NaN and non-positive take nothing."""
+    if limit >= 2**62:  # math.inf, or too big for an SQLite integer anyway
+        return -1
+    return int(limit) if limit > 0 else 0
+
+
+def _check_scope(scope: str) -> None:
+    if scope not in ("place", "session"):
+        raise StoreError(f"unknown setting scope {scope!r}; allowed: place, session")
+
+
+async def _rollback(db: aiosqlite.Connection) -> None:
+    # A failed statement may already have ended the transaction (SQLITE_FULL,
+    # SQLITE_IOERR), and a BEGIN that failed never started one.
+    with contextlib.suppress(sqlite3.OperationalError):
+        await db.execute_fetchall("ROLLBACK")
+
+
+class Tx:
+    """The steps of one open transaction; valid only inside `Store.transaction()`."""
+
+    __slots__ = ("_db", "_open")
+
+    def __init__(self, db: aiosqlite.Connection) -> None:
+        self._db = db
+        self._open = True
+
+    def _end(self) -> None:
+        self._open = False
+
+    def _live(self) -> aiosqlite.Connection:
+        if not self._open:
+            raise StoreError("transaction already ended: use the Tx only inside its `async with`")
+        return self._db
+
+    async def _fetch(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        db = self._live()
+        try:
+            # No row_factory: plain tuples, though aiosqlite annotates them as Row.
+            return cast(list[tuple[Any, ...]], list(await db.execute_fetchall(sql, params)))
+        except sqlite3.Error as err:
+            raise StoreError(f"store query failed: {err}") from err
+
+    async def _insert(self, sql: str, params: tuple[Any, ...]) -> int:
+        db = self._live()
+        try:
+            row = await db.execute_insert(sql, params)
+        except sqlite3.Error as err:
+            raise StoreError(f"store write failed: {err}") from err
+        assert row is not None  # last_insert_rowid() always answers
+        return int(row[0])
+
+    async def save_session(self, rec: SessionRecord) -> SessionRecord:
+        """Insert the record if its id is new; return the stored one (the first write wins)."""
+        await self._fetch(
+            f"INSERT OR IGNORE INTO sessions ({_SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                rec.id,
+                rec.platform,
+                rec.kind,
+                rec.place,
+                rec.peer,
+                rec.parent,
+                rec.room_class,
+                rec.created or clock.now(),
+            ),
+        )
+        stored = await self.get_session(rec.id)
+        assert stored is not None  # inserted or already there, inside this transaction
+        return stored
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        rows = await self._fetch(f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = ?", (session_id,))
+        return _session_from_row(rows[0]) if rows else None
+
+    async def append(self, session_id: str, msg: Message) -> Message:
+        """Store `msg` at the end of the session's history; return it with its id (and ts if it had none)."""
+        ts = msg.ts or clock.now()
+        new_id = await self._insert(
+            "INSERT INTO messages (session_id, role, content, name, tool_calls, tool_call_id, ts, metadata,"
+            " event_marker) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            _message_params(session_id, msg, ts),
+        )
+        return replace(msg, id=new_id, ts=ts)
+
+    async def get_history(self, session_id: str, limit: float = math.inf) -> list[Message]:
+        """The last `limit` active messages of the session, in storage order."""
+        # Newest first so LIMIT takes the tail; the index makes it a short range scan.
+        rows = await self._fetch(
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ? AND archived = 0"
+            " ORDER BY id DESC LIMIT ?",
+            (session_id, _sql_limit(limit)),
+        )
+        return [_message_from_row(r) for r in reversed(rows)]
+
+    async def count_active(self, session_id: str) -> int:
+        """Active conversation messages: event markers and system messages do not count (R-TRIG-4)."""
+        rows = await self._fetch(
+            "SELECT COUNT(*) FROM messages WHERE session_id = ? AND archived = 0"
+            " AND event_marker = 0 AND role != 'system'",
+            (session_id,),
+        )
+        return int(rows[0][0])
+
+    async def archive_span(self, session_id: str, count: int, keep: Collection[int] = ()) -> int:
+        """Archive the first `count` active messages except those at the 0-based span indexes in `keep`.
+
+        Returns how many were archived. A span longer than the active history, or a
+        keep index outside the span, is refused before anything changes.
+        """
+        if count < 0:
+            raise StoreError(f"archive span length must not be negative, got {count}")
+        kept = set(keep)
+        outside = sorted(i for i in kept if not 0 <= i < count)
+        if outside:
+            raise StoreError(f"keep index {outside[0]} is outside the archive span of {count}")
+        rows = await self._fetch(
+            "SELECT id FROM messages WHERE session_id = ? AND archived = 0 ORDER BY id LIMIT ?",
+            (session_id, count),
+        )
+        if len(rows) < count:
+            raise StoreError(f"archive span of {count} messages, but the session has only {len(rows)} active")
+        # R-RUN-12: kept originals are not written to at all.
+        to_archive = [(r[0],) for i, r in enumerate(rows) if i not in kept]
+        db = self._live()
+        try:
+            await db.executemany("UPDATE messages SET archived = 1 WHERE id = ?", to_archive)
+        except sqlite3.Error as err:
+            raise StoreError(f"store write failed: {err}") from err
+        return len(to_archive)
+
+    async def get_archived(self, session_id: str, limit: float = math.inf) -> list[Message]:
+        """The last `limit` archived messages of the session, in storage order."""
+        rows = await self._fetch(
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ? AND archived = 1"
+            " ORDER BY id DESC LIMIT ?",
+            (session_id, _sql_limit(limit)),
+        )
+        return [_message_from_row(r) for r in reversed(rows)]
+
+    async def get_meta(self, namespace: str, key: str) -> Any | None:
+        rows = await self._fetch(
+            "SELECT value FROM metadata WHERE namespace = ? AND key = ?", (namespace, key)
+        )
+        return json.loads(rows[0][0]) if rows else None
+
+    async def put_meta(self, namespace: str, key: str, value: Any) -> None:
+        await self._fetch(
+            "INSERT INTO metadata (namespace, key, value) VALUES (?, ?, ?)"
+            " ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value",
+            (namespace, key, _dump_json(value, f"metadata {namespace}/{key}")),
+        )
+
+    async def delete_meta(self, namespace: str, key: str) -> None:
+        await self._fetch("DELETE FROM metadata WHERE namespace = ? AND key = ?", (namespace, key))
+
+    async def clear(self, session_id: str, kind: ClearKind) -> None:
+        """R-MEM-2: "context" archives all active history and drops the summary; "summary" drops it alone."""
+        if kind not in ("context", "summary"):
+            raise StoreError(f"unknown clear kind {kind!r}; allowed: context, summary")
+        if kind == "context":
+            await self._fetch(
+                "UPDATE messages SET archived = 1 WHERE session_id = ? AND archived = 0", (session_id,)
+            )
+        await self.delete_meta(SUMMARY_NAMESPACE, session_id)
+
+    async def get_setting(self, scope: str, scope_key: str, name: str) -> Any | None:
+        rows = await self._fetch(
+            "SELECT value FROM settings WHERE scope = ? AND scope_key = ? AND name = ?",
+            (scope, scope_key, name),
+        )
+        return json.loads(rows[0][0]) if rows else None
+
+    async def set_setting(self, scope: str, scope_key: str, name: str, value: Any) -> None:
+        _check_scope(scope)
+        await self._fetch(
+            "INSERT INTO settings (scope, scope_key, name, value) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (scope, scope_key, name) DO UPDATE SET value = excluded.value",
+            (scope, scope_key, name, _dump_json(value, f"setting {name}")),
+        )
+
+    async def delete_setting(self, scope: str, scope_key: str, name: str) -> None:
+        await self._fetch(
+            "DELETE FROM settings WHERE scope = ? AND scope_key = ? AND name = ?", (scope, scope_key, name)
+        )
+
+    async def record_usage(
+        self, session_id: str | None, purpose: str, model: str, tokens_in: int, tokens_out: int
+    ) -> None:
+        await self._fetch(
+            "INSERT INTO ledger (session_id, purpose, model, tokens_in, tokens_out, ts)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (session_id, purpose, model, tokens_in, tokens_out, clock.now()),
+        )
+
+    async def usage_totals(self, session_id: str) -> dict[str, tuple[int, int]]:
+        """Tokens in and out per purpose for the session."""
+        rows = await self._fetch(
+            "SELECT purpose, SUM(tokens_in), SUM(tokens_out) FROM ledger WHERE session_id = ?"
+            " GROUP BY purpose",
+            (session_id,),
+        )
+        return {r[0]: (int(r[1]), int(r[2])) for r in rows}
+
+
+class Store:
+    """One SQLite file; `open()` at start-up, `close()` at shutdown (both idempotent)."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._db: aiosqlite.Connection | None = None
+        self._lock = asyncio.Lock()
+        self._owner: asyncio.Task[Any] | None = None
+        """The task inside `transaction()`, to refuse a nested call that would wait on itself."""
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    def _refuse_nested(self) -> None:
+        if self._owner is not None and self._owner is asyncio.current_task():
+            raise StoreError(
+                "Store method called inside store.transaction(): it would wait for its own lock;"
+                " call the method on the Tx instead"
+            )
+
+    async def open(self) -> None:
+        """Connect, set the pragmas and migrate the schema; a no-op when already open."""
+        self._refuse_nested()
+        async with self._lock:
+            if self._db is not None:
+                return
+            try:
+                await asyncio.to_thread(self._path.parent.mkdir, parents=True, exist_ok=True)
+            except OSError as err:
+                raise StoreError(f"cannot create the folder of {self._path}: {err}") from err
+            try:
+                db = await aiosqlite.connect(self._path, isolation_level=None)
+            except sqlite3.Error as err:
+                raise StoreError(f"cannot open {self._path}: {err}") from err
+            try:
+                for pragma in _CONNECTION_PRAGMAS:
+                    await db.execute_fetchall(pragma)
+                await migrate(db)
+                # After the version check, so a refused file is left as found. WAL lets
+                # readers in other processes (a backup, the sqlite3 shell) run beside us.
+                await db.execute_fetchall("PRAGMA journal_mode = WAL")
+            except BaseException as err:
+                await db.close()
+                if isinstance(err, SchemaTooNewError):
+                    raise StoreError(
+                        f"{self._path} was written by a newer nonebot-plugin-memsum (schema version"
+                        f" {err.found}, this version knows {err.known}); upgrade the plugin"
+                    ) from err
+                if isinstance(err, sqlite3.Error):
+                    raise StoreError(f"cannot open {self._path}: {err}") from err
+                raise
+            self._db = db
+
+    async def close(self) -> None:
+        """Wait for the running transaction, then close; a no-op when not open."""
+        self._refuse_nested()
+        async with self._lock:
+            db, self._db = self._db, None
+            if db is None:
+                return
+            try:
+                await db.close()
+            except sqlite3.Error as err:
+                raise StoreError(f"closing {self._path} failed: {err}") from err
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Tx]:
+        """One `BEGIN IMMEDIATE` transaction: COMMIT on exit, ROLLBACK on any exception, then re-raise.
+
+        Cancellation rolls back too. A cancellation that arrives while COMMIT is
+        already running cannot undo it: the commit completes and CancelledError
+        still propagates.
+        """
+        self._refuse_nested()
+        async with self._lock:
+            db = self._db
+            if db is None:
+                raise StoreError("store is not open")
+            tx = Tx(db)
+            self._owner = asyncio.current_task()
+            try:
+                try:
+                    await db.execute_fetchall("BEGIN IMMEDIATE")
+                    yield tx
+                    tx._end()
+                    await db.execute_fetchall("COMMIT")
+                except BaseException:
+                    tx._end()
+                    # The single worker thread runs queued statements in order, so this
+                    # ROLLBACK lands after whatever a cancelled await had already queued.
+                    await _rollback(db)
+                    raise
+            except sqlite3.Error as err:
+                raise StoreError(f"store transaction failed: {err}") from err
+            finally:
+                self._owner = None
+
+    async def save_session(self, rec: SessionRecord) -> SessionRecord:
+        async with self.transaction() as tx:
+            return await tx.save_session(rec)
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        async with self.transaction() as tx:
+            return await tx.get_session(session_id)
+
+    async def append(self, session_id: str, msg: Message) -> Message:
+        async with self.transaction() as tx:
+            return await tx.append(session_id, msg)
+
+    async def get_history(self, session_id: str, limit: float = math.inf) -> list[Message]:
+        async with self.transaction() as tx:
+            return await tx.get_history(session_id, limit)
+
+    async def count_active(self, session_id: str) -> int:
+        async with self.transaction() as tx:
+            return await tx.count_active(session_id)
+
+    async def archive_span(self, session_id: str, count: int, keep: Collection[int] = ()) -> int:
+        async with self.transaction() as tx:
+            return await tx.archive_span(session_id, count, keep)
+
+    async def get_archived(self, session_id: str, limit: float = math.inf) -> list[Message]:
+        async with self.transaction() as tx:
+            return await tx.get_archived(session_id, limit)
+
+    async def get_meta(self, namespace: str, key: str) -> Any | None:
+        async with self.transaction() as tx:
+            return await tx.get_meta(namespace, key)
+
+    async def put_meta(self, namespace: str, key: str, value: Any) -> None:
+        async with self.transaction() as tx:
+            await tx.put_meta(namespace, key, value)
+
+    async def delete_meta(self, namespace: str, key: str) -> None:
+        async with self.transaction() as tx:
+            await tx.delete_meta(namespace, key)
+
+    async def clear(self, session_id: str, kind: ClearKind) -> None:
+        async with self.transaction() as tx:
+            await tx.clear(session_id, kind)
+
+    async def get_setting(self, scope: str, scope_key: str, name: str) -> Any | None:
+        async with self.transaction() as tx:
+            return await tx.get_setting(scope, scope_key, name)
+
+    async def set_setting(self, scope: str, scope_key: str, name: str, value: Any) -> None:
+        async with self.transaction() as tx:
+            await tx.set_setting(scope, scope_key, name, value)
+
+    async def delete_setting(self, scope: str, scope_key: str, name: str) -> None:
+        async with self.transaction() as tx:
+            await tx.delete_setting(scope, scope_key, name)
+
+    async def record_usage(
+        self, session_id: str | None, purpose: str, model: str, tokens_in: int, tokens_out: int
+    ) -> None:
+        async with self.transaction() as tx:
+            await tx.record_usage(session_id, purpose, model, tokens_in, tokens_out)
+
+    async def usage_totals(self, session_id: str) -> dict[str, tuple[int, int]]:
+        async with self.transaction() as tx:
+            return await tx.usage_totals(session_id)
+
+
+__all__ = ["SUMMARY_NAMESPACE", "ClearKind", "Store", "StoreError", "Tx"]
