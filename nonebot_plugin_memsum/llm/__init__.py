@@ -1,0 +1,43 @@
+"""The LLM layer: model registry and preferences, the chat client, token estimates."""
+
+from .client import ChatResult, LedgerFn, LLMClient, RetryPolicy, Usage
+from .errors import (
+    LLMAuthError,
+    LLMBadRequest,
+    LLMBadResponse,
+    LLMConnectError,
+    LLMError,
+    LLMLengthLimit,
+    LLMRateLimited,
+    LLMServerError,
+    LLMStatusError,
+    LLMStreamCut,
+    LLMTimeout,
+)
+from .registry import Registry
+from .tokens import aload_encoding, encoding_name, estimate_msg_tokens, estimate_text_tokens, load_encoding
+
+__all__ = [
+    "ChatResult",
+    "LLMAuthError",
+    "LLMBadRequest",
+    "LLMBadResponse",
+    "LLMClient",
+    "LLMConnectError",
+    "LLMError",
+    "LLMLengthLimit",
+    "LLMRateLimited",
+    "LLMServerError",
+    "LLMStatusError",
+    "LLMStreamCut",
+    "LLMTimeout",
+    "LedgerFn",
+    "Registry",
+    "RetryPolicy",
+    "Usage",
+    "aload_encoding",
+    "encoding_name",
+    "estimate_msg_tokens",
+    "estimate_text_tokens",
+    "load_encoding",
+]

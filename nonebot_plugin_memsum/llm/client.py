@@ -1,0 +1,424 @@
+"""OpenAI-compatible chat completions over one shared httpx client.
+
+Streaming (SSE) or plain JSON; finish reasons, tool calls, reasoning text and usage;
+typed errors (errors.py); retries by one policy; a usage ledger fed on success.
+
+Decisions:
+- `timeout` bounds one attempt as a whole: connect, send, and the entire reply (for a
+  stream, every chunk until `[DONE]`), not merely each read.
+- Timeouts are not retried: a model that used the whole budget once will most likely
+  do it again, and the user is waiting already. Nor are cut streams, length stops and
+  bad bodies: the request reached the model, so a retry costs a full reply again.
+- A stream must end with `[DONE]` after a finish reason; anything short of that is a
+  cut (R-FAIL-1: the partial output is thrown away).
+- Failed calls record nothing in the ledger, `length` stops included; a ledger that
+  fails is logged and does not fail the call (the reply is already paid for).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from nonebot.log import logger
+
+from nonebot_plugin_memsum.config import ModelConfig
+from nonebot_plugin_memsum.types import ToolCall
+
+from .errors import (
+    LLMBadResponse,
+    LLMConnectError,
+    LLMError,
+    LLMLengthLimit,
+    LLMStatusError,
+    LLMStreamCut,
+    LLMTimeout,
+    status_error,
+)
+from .tokens import MESSAGE_OVERHEAD, estimate_text_tokens
+
+LedgerFn = Callable[[str | None, str, str, int, int], Awaitable[None]]
+"""(session_id, purpose, model_id, tokens_in, tokens_out), awaited after each successful call."""
+
+_DETAIL_CHARS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Tokens the API reports for one call."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChatResult:
+    """One model reply."""
+
+    content: str
+    tool_calls: tuple[ToolCall, ...]
+    finish_reason: str | None
+    usage: Usage | None
+    """As the API reported it; None when it did not."""
+    model_id: str
+    reasoning: str = ""
+    """Thinking text some APIs return beside the reply (`reasoning_content`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Which failed attempts are tried again and after how long (after openai-python's)."""
+
+    statuses: frozenset[int] = frozenset({408, 409, 429})
+    """Statuses retried besides every 5xx."""
+    base: float = 0.5
+    """Seconds before the first retry; doubled for each later one."""
+    cap: float = 8.0
+    """Longest computed wait."""
+    retry_after_cap: float = 20.0
+    """Longest wait a `Retry-After` header can ask for."""
+
+    def retryable(self, err: LLMError) -> bool:
+        if isinstance(err, LLMConnectError):
+            return True
+        if isinstance(err, LLMStatusError):
+            return err.status in self.statuses or err.status >= 500
+        return False
+
+    def delay(self, retry: int, retry_after: float | None, jitter: float) -> float:
+        """Seconds before retry number `retry` (from 0); `jitter` is uniform in [0, 1)."""
+        if retry_after is not None:
+            return min(retry_after, self.retry_after_cap)
+        return min(self.base * 2**retry, self.cap) * (1 - 0.25 * jitter)
+
+
+class LLMClient:
+    """Chat completions against any model of the registry, with one connection pool."""
+
+    def __init__(
+        self,
+        *,
+        timeout: float = 120,
+        ledger: LedgerFn | None = None,
+        max_retries: int = 2,
+        transport: httpx.AsyncBaseTransport | None = None,
+        retry: RetryPolicy = RetryPolicy(),
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._timeout = timeout
+        self._ledger = ledger
+        self._max_retries = max_retries
+        self._transport = transport
+        self._retry = retry
+        self._sleep = sleep
+        self._http: httpx.AsyncClient | None = None
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            http, self._http = self._http, None
+            await http.aclose()
+
+    async def chat(
+        self,
+        model: ModelConfig,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        purpose: str,
+        session_id: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        max_tokens: int | None = None,
+        reasoning_effort: str | None = None,
+        stream: bool = True,
+    ) -> ChatResult:
+        """One chat completion; raises an LLMError subclass (errors.py) when it fails."""
+        body: dict[str, Any] = {"model": model.model, "messages": list(messages), "stream": stream}
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        if tools:
+            body["tools"] = list(tools)
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
+        if reasoning_effort is not None:
+            body["reasoning_effort"] = reasoning_effort
+        attempt = 0
+        while True:
+            try:
+                result = await self._attempt(model, body, stream=stream)
+            except LLMError as err:
+                again = attempt < self._max_retries and self._retry.retryable(err)
+                logger.warning(
+                    f"memsum: {purpose} call to {model.id} failed (attempt {attempt + 1}): "
+                    f"{type(err).__name__}: {err}{'; retrying' if again else ''}"
+                )
+                if not again:
+                    raise
+                retry_after = err.retry_after if isinstance(err, LLMStatusError) else None
+                await self._sleep(self._retry.delay(attempt, retry_after, random.random()))
+                attempt += 1
+                continue
+            await self._record(session_id, purpose, messages, result)
+            return result
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            self._http = httpx.AsyncClient(transport=self._transport, timeout=httpx.Timeout(self._timeout))
+        return self._http
+
+    async def _attempt(self, model: ModelConfig, body: dict[str, Any], *, stream: bool) -> ChatResult:
+        key = model.api_key.get_secret_value()
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        url = model.base_url.rstrip("/") + "/chat/completions"
+        try:
+            async with asyncio.timeout(self._timeout):
+                result = await self._exchange(model, url, headers, body, stream=stream)
+        except (TimeoutError, httpx.TimeoutException):
+            raise LLMTimeout(
+                f"{model.id}: no complete reply within {self._timeout:g} s", model_id=model.id
+            ) from None
+        if result.finish_reason == "length":
+            raise LLMLengthLimit(
+                f"{model.id}: reply stopped at the output limit", model_id=model.id, result=result
+            )
+        return result
+
+    async def _exchange(
+        self, model: ModelConfig, url: str, headers: dict[str, str], body: dict[str, Any], *, stream: bool
+    ) -> ChatResult:
+        try:
+            async with self._client().stream("POST", url, json=body, headers=headers) as resp:
+                try:
+                    if not resp.is_success:
+                        await resp.aread()
+                        raise _status_error(model, resp)
+                    if stream:
+                        return await _read_stream(model, resp)
+                    await resp.aread()
+                except httpx.TimeoutException:
+                    raise
+                except httpx.TransportError as err:
+                    raise LLMStreamCut(
+                        f"{model.id}: connection dropped mid-reply ({_detail(err, model)})", model_id=model.id
+                    ) from None
+        except httpx.TimeoutException:
+            raise
+        except httpx.TransportError as err:
+            raise LLMConnectError(
+                f"{model.id}: cannot reach the API ({_detail(err, model)})", model_id=model.id
+            ) from None
+        return _parse_completion(model, resp.content)
+
+    async def _record(
+        self, session_id: str | None, purpose: str, messages: Sequence[Mapping[str, Any]], result: ChatResult
+    ) -> None:
+        if self._ledger is None:
+            return
+        if result.usage is not None:
+            tokens_in, tokens_out = result.usage.prompt_tokens, result.usage.completion_tokens
+        else:
+            tokens_in = sum(_estimate_message(m) for m in messages)
+            tokens_out = estimate_text_tokens(result.content) + estimate_text_tokens(result.reasoning)
+            tokens_out += sum(estimate_text_tokens(c.name + c.arguments) for c in result.tool_calls)
+        try:
+            await self._ledger(session_id, purpose, result.model_id, tokens_in, tokens_out)
+        except Exception as err:
+            logger.warning(f"memsum: usage ledger failed for {result.model_id}: {type(err).__name__}: {err}")
+
+
+def _estimate_message(msg: Mapping[str, Any]) -> int:
+    total = MESSAGE_OVERHEAD
+    content = msg.get("content")
+    if isinstance(content, str):
+        total += estimate_text_tokens(content)
+    elif isinstance(content, list):
+        for part in content:
+            if isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                total += estimate_text_tokens(part["text"])
+    for call in msg.get("tool_calls") or ():
+        function = call.get("function") or {}
+        total += estimate_text_tokens(f"{function.get('name', '')}{function.get('arguments', '')}")
+    return total
+
+
+def _detail(text: object, model: ModelConfig) -> str:
+    """Provider or transport text, short and with the API key masked, should it echo it."""
+    out = str(text) or type(text).__name__
+    key = model.api_key.get_secret_value()
+    if key:
+        out = out.replace(key, "***")
+    return out if len(out) <= _DETAIL_CHARS else out[:_DETAIL_CHARS] + "…"
+
+
+def _status_error(model: ModelConfig, resp: httpx.Response) -> LLMStatusError:
+    message = f"{model.id}: HTTP {resp.status_code}"
+    provider = _error_text(resp.content)
+    if provider:
+        message += f": {_detail(provider, model)}"
+    return status_error(
+        resp.status_code,
+        message,
+        model_id=model.id,
+        retry_after=_retry_after(resp.headers.get("retry-after")),
+    )
+
+
+def _error_text(body: bytes) -> str:
+    """The message of an OpenAI-style error body, else the body's text."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body.decode("utf-8", "replace").strip()
+    if isinstance(data, dict):
+        error = data.get("error", data)
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return error["message"]
+        if isinstance(error, str):
+            return error
+    return json.dumps(data, ensure_ascii=False)
+
+
+def _retry_after(value: str | None) -> float | None:
+    # Seconds only; an HTTP date falls back to our own back-off.
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and seconds >= 0 else None
+
+
+def _parse_completion(model: ModelConfig, body: bytes) -> ChatResult:
+    try:
+        data = json.loads(body)
+        choice = data["choices"][0]
+        message = choice["message"]
+        calls = tuple(
+            ToolCall(
+                id=c.get("id") or "",
+                name=c["function"]["name"],
+                arguments=c["function"].get("arguments") or "",
+            )
+            for c in message.get("tool_calls") or ()
+        )
+        return ChatResult(
+            content=message.get("content") or "",
+            tool_calls=calls,
+            finish_reason=choice.get("finish_reason"),
+            usage=_usage(data.get("usage")),
+            model_id=model.id,
+            reasoning=message.get("reasoning_content") or message.get("reasoning") or "",
+        )
+    except (ValueError, LookupError, TypeError, AttributeError):
+        detail = _detail(_error_text(body), model) if body else "empty body"
+        raise LLMBadResponse(f"{model.id}: not a chat completion ({detail})", model_id=model.id) from None
+
+
+def _usage(raw: object) -> Usage | None:
+    if not isinstance(raw, dict):
+        return None
+    prompt, completion = raw.get("prompt_tokens"), raw.get("completion_tokens")
+    if not isinstance(prompt, int) and not isinstance(completion, int):
+        return None
+    return Usage(prompt if isinstance(prompt, int) else 0, completion if isinstance(completion, int) else 0)
+
+
+@dataclass
+class _PartialCall:
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass
+class _Stream:
+    """What the chunks of one streamed reply add up to."""
+
+    content: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    calls: dict[int, _PartialCall] = field(default_factory=dict)
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    done: bool = False
+
+    def feed(self, chunk: Mapping[str, Any]) -> None:
+        usage = _usage(chunk.get("usage"))
+        if usage is not None:
+            self.usage = usage
+        for choice in chunk.get("choices") or ():
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            if isinstance(delta.get("content"), str):
+                self.content.append(delta["content"])
+            thought = delta.get("reasoning_content") or delta.get("reasoning")
+            if isinstance(thought, str):
+                self.reasoning.append(thought)
+            for pos, part in enumerate(delta.get("tool_calls") or ()):
+                self._feed_call(part.get("index", pos), part)
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+
+    def _feed_call(self, index: int, part: Mapping[str, Any]) -> None:
+        call = self.calls.setdefault(index, _PartialCall())
+        call.id = call.id or part.get("id") or ""
+        function = part.get("function") or {}
+        name = function.get("name") or ""
+        # Some APIs repeat the whole name in every delta; others split it.
+        if name and name != call.name:
+            call.name += name
+        call.arguments += function.get("arguments") or ""
+
+    def result(self, model_id: str) -> ChatResult:
+        calls = tuple(ToolCall(c.id, c.name, c.arguments) for _, c in sorted(self.calls.items()))
+        return ChatResult(
+            content="".join(self.content),
+            tool_calls=calls,
+            finish_reason=self.finish_reason,
+            usage=self.usage,
+            model_id=model_id,
+            reasoning="".join(self.reasoning),
+        )
+
+
+async def _read_stream(model: ModelConfig, resp: httpx.Response) -> ChatResult:
+    acc = _Stream()
+    data: list[str] = []
+    async for line in resp.aiter_lines():
+        # SSE: `data:` lines gather into one event until a blank line; other fields are ignored.
+        if line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+        elif not line and data:
+            _dispatch(model, acc, "\n".join(data))
+            data.clear()
+        if acc.done:
+            break
+    if data and not acc.done:
+        _dispatch(model, acc, "\n".join(data))
+    if not acc.done or acc.finish_reason is None:
+        seen = "no finish reason" if acc.finish_reason is None else "no [DONE]"
+        raise LLMStreamCut(f"{model.id}: stream ended early ({seen})", model_id=model.id)
+    return acc.result(model.id)
+
+
+def _dispatch(model: ModelConfig, acc: _Stream, payload: str) -> None:
+    if payload.strip() == "[DONE]":
+        acc.done = True
+        return
+    try:
+        chunk = json.loads(payload)
+    except ValueError:
+        raise LLMBadResponse(f"{model.id}: unreadable stream chunk", model_id=model.id) from None
+    if not isinstance(chunk, dict):
+        raise LLMBadResponse(f"{model.id}: unreadable stream chunk", model_id=model.id)
+    if chunk.get("error"):
+        raise LLMStreamCut(
+            f"{model.id}: error mid-stream: {_detail(_error_text(payload.encode()), model)}",
+            model_id=model.id,
+        )
+    try:
+        acc.feed(chunk)
+    except (LookupError, TypeError, AttributeError):
+        raise LLMBadResponse(f"{model.id}: unreadable stream chunk", model_id=model.id) from None

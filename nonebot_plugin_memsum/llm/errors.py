@@ -1,0 +1,100 @@
+"""Errors of the LLM layer.
+
+The hierarchy:
+
+* LLMError
+  + LLMConnectError
+  + LLMTimeout
+  + LLMStatusError
+    - LLMAuthError
+    - LLMRateLimited
+    - LLMServerError
+    - LLMBadRequest
+  + LLMStreamCut
+  + LLMLengthLimit
+  + LLMBadResponse
+
+Messages are short, name the model id (and the HTTP status), and are built here from
+plain values: never from httpx's exception text, which could carry request headers,
+so the API key cannot reach a log line or a user through them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .client import ChatResult
+
+
+class LLMError(Exception):
+    """A model request failed."""
+
+    def __init__(self, message: str, *, model_id: str) -> None:
+        super().__init__(message)
+        self.model_id = model_id
+
+
+class LLMConnectError(LLMError):
+    """The API could not be reached, or dropped the connection before answering."""
+
+
+class LLMTimeout(LLMError):
+    """The request (for a stream: the whole stream) took longer than the timeout."""
+
+
+class LLMStatusError(LLMError):
+    """The API answered with an HTTP error status."""
+
+    def __init__(self, message: str, *, model_id: str, status: int, retry_after: float | None = None) -> None:
+        super().__init__(message, model_id=model_id)
+        self.status = status
+        self.retry_after = retry_after
+        """Seconds the API asked us to wait (`Retry-After`), if it said."""
+
+
+class LLMAuthError(LLMStatusError):
+    """401 or 403: the API key is wrong or lacks access to the model."""
+
+
+class LLMRateLimited(LLMStatusError):
+    """429: too many requests, or the quota is spent."""
+
+
+class LLMServerError(LLMStatusError):
+    """5xx: the API failed on its side."""
+
+
+class LLMBadRequest(LLMStatusError):
+    """Any other 4xx: the API refused the request as sent."""
+
+
+class LLMStreamCut(LLMError):
+    """The reply broke off mid-way (no finish reason, no `[DONE]`, or a dropped connection)."""
+
+
+class LLMLengthLimit(LLMError):
+    """The model stopped at its output limit (finish reason `length`); `.result` holds the partial reply."""
+
+    def __init__(self, message: str, *, model_id: str, result: ChatResult) -> None:
+        super().__init__(message, model_id=model_id)
+        self.result = result
+
+
+class LLMBadResponse(LLMError):
+    """The API answered 2xx with a body that is not a chat completion."""
+
+
+def status_error(status: int, message: str, *, model_id: str, retry_after: float | None) -> LLMStatusError:
+    """The error class for an HTTP status."""
+    if status in (401, 403):
+        cls: type[LLMStatusError] = LLMAuthError
+    elif status == 429:
+        cls = LLMRateLimited
+    elif status >= 500:
+        cls = LLMServerError
+    elif status >= 400:
+        cls = LLMBadRequest
+    else:
+        cls = LLMStatusError
+    return cls(message, model_id=model_id, status=status, retry_after=retry_after)

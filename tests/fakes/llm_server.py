@@ -1,0 +1,322 @@
+"""A scripted OpenAI-compatible chat server: real HTTP on 127.0.0.1, in a background thread.
+
+Tests script what the "model" answers (`push`, `default`, `on_request`) and read back
+every request it got (`requests`). A subprocess bot reaches it like any API:
+
+    with ScriptedLLM() as llm:
+        llm.push(Reply("你好"), Reply(status=429, headers={"Retry-After": "1"}))
+        env = {"MEMSUM_MODELS": json.dumps([llm.model_config()])}
+
+Streams are SSE in HTTP/1.1 chunked encoding, one chunk per event, so `cut_after` drops
+the connection mid-body exactly as a failing API would. Every response closes its
+connection (no keep-alive).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Literal, Self
+
+API_KEY = "sk-scripted-test-key-5f0c2a9d"
+"""The key `model_config` configures; tests look for it where it must not appear."""
+
+
+@dataclass
+class Reply:
+    """What the server answers to one request."""
+
+    content: str = "好的"
+    tool_calls: list[dict[str, str]] | None = None
+    """[{"id", "name", "arguments"}]"""
+    finish_reason: str | None = "stop"
+    """None: a stream sends no finish reason at all."""
+    usage: dict[str, int] | Literal["auto"] | None = "auto"
+    """The default "auto": a plausible count (prompt ≈ message characters / 2 + 4 per message,
+    completion ≈ output characters / 2 + 1); a dict: sent as given; None: omitted.
+    Streams carry it in a last chunk only when the request asks (`include_usage`)."""
+    status: int = 200
+    """Non-200: an OpenAI-style error body `{"error": {"message": error, ...}}`."""
+    error: str = "scripted error"
+    delay: float = 0.0
+    """Seconds before the response starts (a slow model)."""
+    chunk_delay: float = 0.0
+    """Seconds between stream events (a slow stream)."""
+    cut_after: int | None = None
+    """Stream: drop the connection after this many content chunks, no terminating chunk.
+    Plain JSON: drop it after sending half of the body."""
+    done: bool = True
+    """Stream: end with `data: [DONE]` (False: end the body cleanly without it)."""
+    chunk_chars: int = 4
+    """Characters of content (and of tool arguments) per stream event."""
+    reasoning: str = ""
+    """Sent as `reasoning_content`, as DeepSeek does."""
+    raw: str | None = None
+    """Sent verbatim as the 200 body instead of a completion (a broken API)."""
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+Responder = Callable[[dict[str, Any]], Reply | None]
+
+
+class ScriptedLLM:
+    """The server. `start()` (or `with`) binds a free port on 127.0.0.1; `stop()` closes it."""
+
+    def __init__(self) -> None:
+        self.default = Reply()
+        self.requests: list[dict[str, Any]] = []
+        """Every request body (parsed JSON), in arrival order."""
+        self.request_headers: list[dict[str, str]] = []
+        """The headers of each request (names lower-cased), same order as `requests`."""
+        self._queue: deque[Reply] = deque()
+        self._responders: list[Responder] = []
+        self._cond = threading.Condition()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        if self._httpd is None:
+            raise RuntimeError("ScriptedLLM is not started")
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
+
+    def start(self) -> Self:
+        handler = type("_BoundHandler", (_Handler,), {"llm": self})
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._httpd.daemon_threads = True
+        # A short poll interval keeps stop() quick.
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, args=(0.05,), name="scripted-llm", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def push(self, *replies: Reply) -> None:
+        """Queue replies, answered in order; when the queue is empty `default` answers."""
+        with self._cond:
+            self._queue.extend(replies)
+
+    def on_request(self, fn: Responder) -> None:
+        """Add a responder tried (in the order added) before the queue; None falls through."""
+        with self._cond:
+            self._responders.append(fn)
+
+    def reset(self) -> None:
+        """Forget requests, queued replies and responders; `default` back to `Reply()`."""
+        with self._cond:
+            self.requests.clear()
+            self.request_headers.clear()
+            self._queue.clear()
+            self._responders.clear()
+            self.default = Reply()
+
+    def wait_requests(self, n: int, timeout: float = 10) -> list[dict[str, Any]]:
+        """Block until at least `n` requests arrived; all of them so far."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(self.requests) >= n, timeout):
+                raise TimeoutError(f"{len(self.requests)} of {n} requests arrived in {timeout} s")
+            return list(self.requests)
+
+    async def wait_requests_async(self, n: int, within: float = 10) -> list[dict[str, Any]]:
+        """`wait_requests` without blocking the event loop."""
+        return await asyncio.to_thread(self.wait_requests, n, within)
+
+    def model_config(self, id: str = "test/model", **kw: Any) -> dict[str, Any]:
+        """One `MEMSUM_MODELS` entry pointing here; `kw` overrides or adds fields."""
+        return {"id": id, "base_url": self.base_url, "api_key": API_KEY, "context_window": 32000, **kw}
+
+    def _take(self, body: dict[str, Any], headers: dict[str, str]) -> Reply:
+        with self._cond:
+            self.requests.append(body)
+            self.request_headers.append(headers)
+            self._cond.notify_all()
+            responders = list(self._responders)
+        for fn in responders:
+            reply = fn(body)
+            if reply is not None:
+                return reply
+        with self._cond:
+            return self._queue.popleft() if self._queue else self.default
+
+
+class _Handler(BaseHTTPRequestHandler):
+    llm: ScriptedLLM
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.close_connection = True
+        if not self.path.rstrip("/").endswith("/chat/completions"):
+            self._json(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
+            return
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            self._json(400, {"error": {"message": "body is not JSON", "type": "invalid_request_error"}})
+            return
+        reply = self.llm._take(body, {k.lower(): v for k, v in self.headers.items()})
+        try:
+            self._answer(body, reply)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up (a timeout test)
+
+    def _answer(self, body: dict[str, Any], reply: Reply) -> None:
+        if reply.delay:
+            time.sleep(reply.delay)
+        if reply.status != 200:
+            error = {"message": reply.error, "type": "scripted", "code": reply.status}
+            self._json(reply.status, {"error": error}, reply.headers)
+        elif reply.raw is not None:
+            ctype = "text/event-stream" if body.get("stream") else "application/json"
+            self._send(200, reply.raw.encode(), ctype, reply.headers)
+        elif body.get("stream"):
+            self._stream(body, reply)
+        else:
+            data = json.dumps(_completion(body, reply), ensure_ascii=False).encode()
+            if reply.cut_after is not None:
+                self._head(200, "application/json", {**reply.headers, "Content-Length": str(len(data))})
+                self.wfile.write(data[: len(data) // 2])
+                self.wfile.flush()
+                return
+            self._send(200, data, "application/json", reply.headers)
+
+    def _stream(self, body: dict[str, Any], reply: Reply) -> None:
+        self._head(200, "text/event-stream", {**reply.headers, "Transfer-Encoding": "chunked"})
+        for event in _events(body, reply):
+            if event is None:
+                return  # cut: no terminating chunk, the connection just closes
+            if reply.chunk_delay:
+                time.sleep(reply.chunk_delay)
+            data = f"data: {event}\n\n".encode()
+            self.wfile.write(f"{len(data):X}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def _json(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+        self._send(
+            status, json.dumps(payload, ensure_ascii=False).encode(), "application/json", headers or {}
+        )
+
+    def _send(self, status: int, data: bytes, ctype: str, headers: dict[str, str]) -> None:
+        self._head(status, ctype, {**headers, "Content-Length": str(len(data))})
+        self.wfile.write(data)
+        self.wfile.flush()
+
+    def _head(self, status: int, ctype: str, headers: dict[str, str]) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Connection", "close")
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+
+
+def _usage(body: dict[str, Any], reply: Reply) -> dict[str, int] | None:
+    if reply.usage != "auto":
+        return reply.usage
+    messages = body.get("messages") or []
+    prompt = sum(len(str(m.get("content") or "")) for m in messages) // 2 + 4 * len(messages)
+    output = reply.content + reply.reasoning + "".join(c["arguments"] for c in reply.tool_calls or ())
+    completion = len(output) // 2 + 1
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), max(1, size))]
+
+
+def _chunk(body: dict[str, Any], choices: list[dict[str, Any]], **extra: Any) -> str:
+    return json.dumps(
+        {
+            "id": "chatcmpl-scripted",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": body.get("model", ""),
+            "choices": choices,
+            **extra,
+        },
+        ensure_ascii=False,
+    )
+
+
+def _events(body: dict[str, Any], reply: Reply) -> Iterator[str | None]:
+    """The SSE payloads of one streamed reply; None means: drop the connection here."""
+
+    def delta(d: dict[str, Any], finish: str | None = None) -> str:
+        return _chunk(body, [{"index": 0, "delta": d, "finish_reason": finish}])
+
+    yield delta({"role": "assistant", "content": ""})
+    for piece in _pieces(reply.reasoning, reply.chunk_chars):
+        yield delta({"reasoning_content": piece})
+    for n, piece in enumerate(_pieces(reply.content, reply.chunk_chars)):
+        if reply.cut_after is not None and n >= reply.cut_after:
+            yield None
+            return
+        yield delta({"content": piece})
+    if reply.cut_after is not None and reply.cut_after >= len(_pieces(reply.content, reply.chunk_chars)):
+        yield None
+        return
+    for i, call in enumerate(reply.tool_calls or ()):
+        head = {
+            "index": i,
+            "id": call["id"],
+            "type": "function",
+            "function": {"name": call["name"], "arguments": ""},
+        }
+        yield delta({"tool_calls": [head]})
+        for piece in _pieces(call["arguments"], reply.chunk_chars):
+            yield delta({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
+    if reply.finish_reason is not None:
+        yield delta({}, reply.finish_reason)
+    usage = _usage(body, reply)
+    if usage is not None and (body.get("stream_options") or {}).get("include_usage"):
+        yield _chunk(body, [], usage=usage)
+    if reply.done:
+        yield "[DONE]"
+
+
+def _completion(body: dict[str, Any], reply: Reply) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+    if reply.reasoning:
+        message["reasoning_content"] = reply.reasoning
+    if reply.tool_calls:
+        message["tool_calls"] = [
+            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for c in reply.tool_calls
+        ]
+    out: dict[str, Any] = {
+        "id": "chatcmpl-scripted",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.get("model", ""),
+        "choices": [{"index": 0, "message": message, "finish_reason": reply.finish_reason}],
+    }
+    usage = _usage(body, reply)
+    if usage is not None:
+        out["usage"] = usage
+    return out
