@@ -25,3 +25,24 @@ except ConfigError as err:
     # run on without us, so leave with SystemExit (a BaseException).
     logger.opt(colors=False).critical(f"nonebot-plugin-memsum: {err}")
     raise SystemExit(2) from None
+
+from nonebot_plugin_localstore import get_plugin_data_file
+
+from . import runtime
+from .onebot import register_matchers
+
+_driver = get_driver()
+register_matchers(plugin_config.memsum_chat_priority)
+
+
+@_driver.on_startup
+async def _start() -> None:
+    db_path = plugin_config.memsum_db_path or get_plugin_data_file("memsum.db")
+    await runtime.start(
+        plugin_config, db_path, sorted(_driver.config.nickname), set(_driver.config.superusers)
+    )
+
+
+@_driver.on_shutdown
+async def _stop() -> None:
+    await runtime.stop()

@@ -1,6 +1,37 @@
+"""NoneBot is initialised and the plugin loaded before collection, so test modules may
+import the package at module level; nonebug's own init fixture is replaced by this one,
+and its session lifespan starts the plugin against a temporary database."""
+
+import tempfile
+from pathlib import Path
+
+import nonebot
 import pytest
-from nonebug import NONEBOT_INIT_KWARGS
+from nonebot.adapters.onebot.v11 import Adapter as OneBotV11Adapter
+
+_TMP = Path(tempfile.mkdtemp(prefix="memsum-tests-"))
+INIT_KWARGS = {
+    "driver": "~fastapi",
+    "superusers": {"10001"},
+    "nickname": {"小记"},
+    "command_start": {"/"},
+    "memsum_db_path": str(_TMP / "plugin.db"),
+    "localstore_data_dir": str(_TMP / "data"),
+    "localstore_cache_dir": str(_TMP / "cache"),
+    "localstore_config_dir": str(_TMP / "config"),
+}
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.stash[NONEBOT_INIT_KWARGS] = {"superusers": {"10001"}, "nickname": {"小记"}, "command_start": {"/"}}
+    from nonebot.matcher import matchers
+    from nonebug.provider import NoneBugProvider
+
+    nonebot.init(**INIT_KWARGS)
+    matchers.set_provider(NoneBugProvider)
+    nonebot.get_driver().register_adapter(OneBotV11Adapter)
+    nonebot.load_plugin("nonebot_plugin_memsum")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _nonebot_init() -> None:
+    """Overrides nonebug's: NoneBot was initialised in pytest_configure."""

@@ -1,0 +1,153 @@
+"""Tools the chat model may call, and the todo list the work template reads (R-RUN-4).
+
+Other plugins add tools with the `tools.tool(...)` decorator. A tool's failure becomes
+its result text; it never breaks the turn.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from nonebot.log import logger
+
+from nonebot_plugin_memsum.store import Store
+
+TODO_NAMESPACE = "todo"
+TODO_STATUSES = ("pending", "in_progress", "done")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    """What a tool knows about the call."""
+
+    session_id: str
+
+
+ToolFn = Callable[[ToolContext, dict[str, Any]], Awaitable[str] | str]
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+    run: ToolFn
+
+    def schema(self) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": dict(self.parameters),
+            },
+        }
+
+
+class ToolRegistry:
+    """The tools offered to the chat model."""
+
+    def __init__(self) -> None:
+        self._tools: dict[str, Tool] = {}
+
+    def tool(self, name: str, description: str, parameters: Mapping[str, Any]) -> Callable[[ToolFn], ToolFn]:
+        """Decorator: `@registry.tool("weather", "…", {"type": "object", …})`."""
+
+        def register(fn: ToolFn) -> ToolFn:
+            self._tools[name] = Tool(name, description, parameters, fn)
+            return fn
+
+        return register
+
+    def schemas(self) -> list[dict[str, Any]]:
+        return [t.schema() for t in self._tools.values()]
+
+    async def call(self, ctx: ToolContext, name: str, arguments: str) -> str:
+        """Run a tool; every failure is reported to the model as the result."""
+        tool = self._tools.get(name)
+        if tool is None:
+            return f"错误：没有名为 {name} 的工具"
+        try:
+            args = json.loads(arguments or "{}")
+            if not isinstance(args, dict):
+                raise ValueError("参数须是 JSON 对象")
+            result = tool.run(ctx, args)
+            if inspect.isawaitable(result):
+                result = await result
+            return str(result)
+        except Exception as err:
+            logger.warning(f"memsum: tool {name} failed: {type(err).__name__}: {err}")
+            return f"错误：工具 {name} 执行失败：{err}"
+
+
+@dataclass(frozen=True, slots=True)
+class TodoItem:
+    title: str
+    status: str
+
+
+class TodoProvider(Protocol):
+    """Where a session's todo items live; the compression reads it for the work template."""
+
+    async def items(self, session_id: str) -> list[TodoItem]: ...
+
+    async def replace(self, session_id: str, items: list[TodoItem]) -> None: ...
+
+
+class StoreTodoProvider:
+    """Todo items kept in the store's metadata (namespace `todo`, key = session id)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    async def items(self, session_id: str) -> list[TodoItem]:
+        raw = await self._store.get_meta(TODO_NAMESPACE, session_id) or []
+        return [TodoItem(str(i["title"]), str(i["status"])) for i in raw]
+
+    async def replace(self, session_id: str, items: list[TodoItem]) -> None:
+        await self._store.put_meta(
+            TODO_NAMESPACE, session_id, [{"title": i.title, "status": i.status} for i in items]
+        )
+
+
+def register_todo_tool(registry: ToolRegistry, provider: TodoProvider) -> None:
+    """The built-in `todo_write` tool: the model rewrites the whole list each time."""
+
+    @registry.tool(
+        "todo_write",
+        "记录或更新当前会话的待办列表（整体替换）。多步骤任务时用它跟踪进度。",
+        {
+            "type": "object",
+            "properties": {
+                "items": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "title": {"type": "string"},
+                            "status": {"type": "string", "enum": list(TODO_STATUSES)},
+                        },
+                        "required": ["title", "status"],
+                    },
+                }
+            },
+            "required": ["items"],
+        },
+    )
+    async def todo_write(ctx: ToolContext, args: dict[str, Any]) -> str:
+        items = []
+        for raw in args.get("items", []):
+            status = str(raw.get("status", "pending"))
+            if status not in TODO_STATUSES:
+                raise ValueError(f"未知状态 {status}")
+            items.append(TodoItem(str(raw["title"])[:200], status))
+        await provider.replace(ctx.session_id, items)
+        return (
+            "待办已更新：\n" + "\n".join(f"- [{i.status}] {i.title}" for i in items)
+            if items
+            else "待办已清空"
+        )

@@ -1,0 +1,287 @@
+"""The chat agent: one turn at a time per session, the tool loop, usage and turn events.
+
+A message that arrives while its session is in a turn is recorded at once and taken
+into the next turn (requests during a turn coalesce into one more turn): nothing is
+lost and nothing interleaves. Different sessions run concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from nonebot.log import logger
+
+from nonebot_plugin_memsum import clock
+from nonebot_plugin_memsum.config import Config
+from nonebot_plugin_memsum.llm import LLMClient, LLMError, LLMLengthLimit, Registry
+from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_text_tokens
+from nonebot_plugin_memsum.settings import Settings
+from nonebot_plugin_memsum.store import Store
+from nonebot_plugin_memsum.types import Message, SessionRecord, ToolCall
+
+from .events import EventBus, Outcome, TurnEnded, TurnStarted, UsageEvent
+from .prompt import CONTEXT_ANCHOR, Prompt, assemble, trim_budget
+from .tools import ToolContext, ToolRegistry
+
+ReplyFn = Callable[[str], Awaitable[None]]
+Contribution = Callable[[str], Awaitable[str | None]]
+SILENT_MARK = "[不回复]"
+SILENT_RECORD = "（助手本轮选择不回复）"
+# Models imitate the `[昵称(ID)] ` labels they see; the bot never labels itself.
+_ECHOED_LABEL = re.compile(r"^\s*\[[^\[\]\n]{0,64}\(\d+\)\]\s*")
+
+
+class NoChatModel(Exception):
+    """No chat-capable model is configured."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """The platform a turn came in through (tiers of sessions without one use it)."""
+
+    platform: str | None = None
+    platform_type: str | None = None
+
+
+@dataclass(slots=True)
+class _Worker:
+    task: asyncio.Task[None]
+    pending: bool = False
+    reply: ReplyFn | None = None
+
+
+@dataclass
+class Agent:
+    """Records messages, runs turns, assembles prompts."""
+
+    store: Store
+    client: LLMClient
+    registry: Registry
+    bus: EventBus
+    config: Config
+    settings: Settings
+    tools: ToolRegistry
+    _locks: defaultdict[str, asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
+    _workers: dict[str, _Worker] = field(default_factory=dict)
+    _contributions: dict[str, list[Contribution]] = field(default_factory=dict)
+
+    # ---- public API -------------------------------------------------------------
+    def contribute(self, anchor: str, fn: Contribution) -> None:
+        """Add a system part under `anchor`; `context` is always the last one (R-INJ-1)."""
+        self._contributions.setdefault(anchor, []).append(fn)
+
+    def turn_lock(self, session_id: str) -> asyncio.Lock:
+        """Held for the whole of a turn; the compression commit waits on it."""
+        return self._locks[session_id]
+
+    def in_turn(self, session_id: str) -> bool:
+        return self._locks[session_id].locked()
+
+    async def record(self, session: SessionRecord, msg: Message) -> Message:
+        """Store one message of a session (creating the session record on first use)."""
+        await self.store.save_session(session)
+        return await self.store.append(session.id, msg)
+
+    def request_turn(self, session_id: str, reply: ReplyFn, entry: Entry = Entry()) -> None:
+        """Answer this session soon: now, or right after the turn in progress."""
+        worker = self._workers.get(session_id)
+        if worker is not None and not worker.task.done():
+            worker.pending, worker.reply = True, reply
+            return
+        task = asyncio.create_task(self._work(session_id, reply, entry), name=f"memsum-turn-{session_id}")
+        self._workers[session_id] = _Worker(task)
+
+    async def wait_idle(self, session_id: str) -> None:
+        """Wait until no turn of this session runs or is queued."""
+        while (w := self._workers.get(session_id)) is not None and not w.task.done():
+            await asyncio.wait({w.task})
+
+    async def shutdown(self) -> None:
+        """Abort running turns (their outcome is `aborted`)."""
+        tasks = [w.task for w in self._workers.values() if not w.task.done()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def system_parts(self, session_id: str) -> list[str]:
+        """Persona, contributions by anchor in registration order, `context` last."""
+        parts = [self.config.memsum_persona]
+        anchors = [a for a in self._contributions if a != CONTEXT_ANCHOR]
+        anchors += [CONTEXT_ANCHOR] if CONTEXT_ANCHOR in self._contributions else []
+        for anchor in anchors:
+            for fn in self._contributions[anchor]:
+                try:
+                    text = await fn(session_id)
+                except Exception:
+                    logger.exception(f"memsum: contribution to {anchor!r} failed")
+                    continue
+                if text:
+                    parts.append(text)
+        return parts
+
+    async def build_prompt(
+        self, session_id: str, entry: Entry = Entry(), *, with_tools: bool = True
+    ) -> Prompt:
+        """The prompt the next call of this session would send (anchors filled, trimmed)."""
+        model = self.registry.resolve("chat")
+        if model is None:
+            raise NoChatModel
+        limit = await self.history_limit(session_id, entry)
+        budget = self.trim_budget_of(model)
+        history = await self.store.get_history(session_id)
+        return assemble(
+            await self.system_parts(session_id),
+            history,
+            history_limit=limit,
+            trim_budget=budget,
+            tools=self.tools.schemas() if with_tools else (),
+            estimate_msg=estimate_msg_tokens,
+            estimate_text=estimate_text_tokens,
+        )
+
+    async def history_limit(self, session_id: str, entry: Entry) -> int:
+        resolved = await self.settings.effective(
+            "history_limit", session_id, entry_platform=entry.platform, entry_type=entry.platform_type
+        )
+        return int(resolved.value)
+
+    def reply_reserve(self, max_output: int | None) -> int:
+        cap = self.config.memsum_reply_max_tokens
+        return min(max_output, cap) if max_output else cap
+
+    def trim_budget_of(self, model) -> int:
+        return trim_budget(
+            model.context_window,
+            self.config.memsum_trim_ratio,
+            model.max_output_tokens,
+            self.config.memsum_reply_max_tokens,
+        )
+
+    async def run_turn(
+        self, session_id: str, reply: ReplyFn | None = None, entry: Entry = Entry()
+    ) -> Outcome:
+        """One turn now (waiting for the session's turn in progress, if any)."""
+        turn_id = uuid.uuid4().hex
+        async with self.turn_lock(session_id):
+            await self.bus.emit(TurnStarted(turn_id, session_id))
+            outcome: Outcome = "error"
+            try:
+                outcome = await self._turn(turn_id, session_id, reply, entry)
+            except asyncio.CancelledError:
+                outcome = "aborted"
+                raise
+            except NoChatModel:
+                logger.warning("memsum: no chat model is configured; cannot answer")
+            except LLMError as err:
+                logger.warning(f"memsum: turn of {session_id} failed: {err}")
+            except Exception:
+                logger.exception(f"memsum: turn of {session_id} failed")
+            finally:
+                if outcome == "error" and reply is not None:
+                    await _quietly(reply, self.config.memsum_error_reply)
+                await self.bus.emit(TurnEnded(turn_id, session_id, outcome))
+        return outcome
+
+    # ---- the turn ---------------------------------------------------------------
+    async def _work(self, session_id: str, reply: ReplyFn, entry: Entry) -> None:
+        while True:
+            await self.run_turn(session_id, reply, entry)
+            worker = self._workers[session_id]
+            if not worker.pending:
+                return
+            worker.pending = False
+            reply = worker.reply or reply
+
+    async def _turn(self, turn_id: str, session_id: str, reply: ReplyFn | None, entry: Entry) -> Outcome:
+        model = self.registry.resolve("chat")
+        if model is None:
+            raise NoChatModel
+        limit = await self.history_limit(session_id, entry)
+        budget = self.trim_budget_of(model)
+        reserve = self.reply_reserve(model.max_output_tokens)
+        at_start = await self.store.count_active(session_id)
+        added = 0
+        ctx = ToolContext(session_id)
+        for round_no in range(self.config.memsum_max_tool_rounds + 1):
+            offer_tools = round_no < self.config.memsum_max_tool_rounds
+            tools = self.tools.schemas() if offer_tools else []
+            history = await self.store.get_history(session_id)
+            prompt = assemble(
+                await self.system_parts(session_id),
+                history,
+                history_limit=limit,
+                trim_budget=budget,
+                tools=tools,
+                estimate_msg=estimate_msg_tokens,
+                estimate_text=estimate_text_tokens,
+            )
+            facts = {
+                "session_id": session_id,
+                "platform": entry.platform,
+                "platform_type": entry.platform_type,
+                "model_id": model.id,
+                "window": model.context_window,
+                "trim_budget": budget,
+                "trimmed": prompt.trimmed,
+                "untrimmed_history": prompt.untrimmed_history,
+                "history_messages": at_start + added,
+                "history_limit": limit,
+            }
+            await self.bus.emit(UsageEvent(turn_id=None, usage=prompt.estimate, **facts))
+            try:
+                result = await self.client.chat(
+                    model,
+                    prompt.messages,
+                    purpose="对话",
+                    session_id=session_id,
+                    tools=tools or None,
+                    max_tokens=reserve,
+                )
+            except LLMLengthLimit as cut:
+                result = cut.result  # a reply cut at the limit is still a reply
+            used = result.usage.prompt_tokens if result.usage else prompt.estimate
+            await self.bus.emit(UsageEvent(turn_id=turn_id, usage=used, **facts))
+            if result.tool_calls and offer_tools:
+                await self.store.append(
+                    session_id,
+                    Message(
+                        role="assistant", content=result.content, tool_calls=result.tool_calls, ts=clock.now()
+                    ),
+                )
+                added += 1
+                for call in result.tool_calls:
+                    await self._run_tool(ctx, call)
+                    added += 1
+                continue
+            text = _ECHOED_LABEL.sub("", result.content.strip())
+            if not text or text == SILENT_MARK:
+                await self.store.append(
+                    session_id,
+                    Message(role="system", content=SILENT_RECORD, event_marker=True, ts=clock.now()),
+                )
+                return "silent"
+            await self.store.append(session_id, Message(role="assistant", content=text, ts=clock.now()))
+            if reply is not None:
+                await _quietly(reply, text)
+            return "replied"
+        raise RuntimeError("unreachable: the last round offers no tools")
+
+    async def _run_tool(self, ctx: ToolContext, call: ToolCall) -> None:
+        output = await self.tools.call(ctx, call.name, call.arguments)
+        await self.store.append(
+            ctx.session_id,
+            Message(role="tool", content=output, name=call.name, tool_call_id=call.id, ts=clock.now()),
+        )
+
+
+async def _quietly(reply: ReplyFn, text: str) -> None:
+    """Sending may fail (the connection dropped); what was said is already stored."""
+    try:
+        await reply(text)
+    except Exception as err:
+        logger.warning(f"memsum: could not send a reply: {type(err).__name__}: {err}")

@@ -1,0 +1,69 @@
+"""Reading the summariser's reply: the 【保留原文】 block and the summary (R-RUN-7)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from nonebot_plugin_memsum.compression.templates import KEEP_HEADING, NONE_MARK
+
+# Markdown markers and a full-width ＃ may stand before the heading.
+_HEADING = re.compile(r"^[\s#＃*>\-]*" + re.escape(KEEP_HEADING) + r"(?P<rest>.*)$")
+# A line that only lists numbers: digits, # before them, 无, blanks, punctuation.
+_NUMBER_LINE = re.compile(r"^[\s0-9０-９#＃无、,，;；.。:：!！?？*_`~|/\\\-()（）\[\]「」]*$")
+_NUMBER = re.compile(r"[0-9０-９]+")
+_WORD = re.compile(r"[^\s0-9０-９#＃、,，;；.。:：!！?？*_`~|/\\\-()（）\[\]「」]")
+_MAX_DIGITS = 9  # a longer run is no number of ours, and int() of a huge run may raise
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedReply:
+    summary: str
+    """The reply without any 【保留原文】 block, stripped."""
+    numbers: tuple[int, ...] | None
+    """The numbers of the last block, first mention order; None when the reply has no heading."""
+    block_unreadable: bool
+    """The block has words but no number and no 「无」."""
+
+
+def _block_end(lines: list[str], head: int) -> int:
+    end = head + 1
+    while end < len(lines) and _NUMBER_LINE.match(lines[end]):
+        end += 1
+    return end
+
+
+def parse_reply(text: str) -> ParsedReply:
+    """Split a reply into the summary and the numbers to keep.
+
+    A block is the heading line (numbers may follow the heading on it) and the lines
+    right after it that only list numbers; any other line ends it. The block may
+    come first or last; with several, the last one counts; none is left in the
+    summary. A `#3` in the summary body is no number.
+    """
+    lines = text.splitlines()
+    summary: list[str] = []
+    block: list[str] | None = None
+    i = 0
+    while i < len(lines):
+        m = _HEADING.match(lines[i])
+        if m is None:
+            summary.append(lines[i])
+            i += 1
+            continue
+        end = _block_end(lines, i)
+        block = [m.group("rest"), *lines[i + 1 : end]]
+        i = end
+    body = "\n".join(summary).strip()
+    if block is None:
+        return ParsedReply(body, None, block_unreadable=False)
+    numbers: list[int] = []
+    for line in block:
+        for run in _NUMBER.findall(line):
+            n = int(run) if len(run) <= _MAX_DIGITS else None
+            if n is not None and n not in numbers:
+                numbers.append(n)
+    said_none = any(NONE_MARK in line for line in block)
+    has_words = any(_WORD.search(line) for line in block)
+    unreadable = not numbers and not said_none and has_words
+    return ParsedReply(body, tuple(numbers), block_unreadable=unreadable)

@@ -1,0 +1,196 @@
+"""Units of an archive span: grouping, rendering and numbering (R-RUN-1..3, R-RUN-6).
+
+How the summariser tells who spoke: a user message is shown as stored (in chat
+sessions it starts with its `[昵称(ID)]` label); an assistant's words start with
+「助手: 」; tool calls, tool results and notices carry their own 「调用」「工具结果」
+「通知:」 forms. The system prompt (templates.py) says so.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from nonebot_plugin_memsum.types import Message
+
+CUT = 200
+"""R-RUN-3: tool arguments, tool results and notices are cut hard at this many characters."""
+ASSISTANT_PREFIX = "助手: "
+
+
+@dataclass(frozen=True, slots=True)
+class Estimators:
+    """Token estimates, injected so the core stays deterministic in tests."""
+
+    text: Callable[[str], int]
+    msg: Callable[[Message], int]
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """One message, or an assistant's tool calls with their results (R-RUN-2)."""
+
+    indexes: tuple[int, ...]
+    """Positions of its messages in the span (storage order); keeping and archiving go by them."""
+    messages: tuple[Message, ...]
+    complete: bool
+    """False for a tool group missing results and for a lone tool result."""
+    text: str
+    """The rendered text (R-RUN-3), without numbering."""
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """What a request carries for a unit: the unit whole, or one piece of a split unit."""
+
+    unit: Unit
+    number: int | None
+    """Its number when it may be kept (R-RUN-6); pieces and unnumbered units have none."""
+    cost: int
+    """N: tokens the unit's stored messages take kept verbatim."""
+    text: str
+    """As written in the request: 「#编号〔约 N token〕」 + text when numbered."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Groups:
+    results: Mapping[int, tuple[int, ...]]
+    """Head index of each assistant with tool calls → indexes of the results answering it."""
+    complete: Mapping[int, bool]
+    member: Mapping[int, int]
+    """Index of every head and result → its head."""
+
+
+def _group_tool_calls(messages: Sequence[Message]) -> _Groups:
+    # Like groupToolCalls: a result belongs to the latest earlier call with its id
+    # that is still unanswered; a result answering no open call stays alone.
+    results: dict[int, list[int]] = {}
+    wanted: dict[int, set[str]] = {}
+    open_calls: dict[str, int] = {}
+    member: dict[int, int] = {}
+    for i, m in enumerate(messages):
+        if not m.is_conversation:
+            continue
+        if m.role == "assistant" and m.tool_calls:
+            results[i] = []
+            wanted[i] = {c.id for c in m.tool_calls}
+            member[i] = i
+            for c in m.tool_calls:
+                open_calls[c.id] = i
+        elif m.role == "tool" and m.tool_call_id is not None and m.tool_call_id in open_calls:
+            head = open_calls.pop(m.tool_call_id)
+            results[head].append(i)
+            wanted[head].discard(m.tool_call_id)
+            member[i] = head
+    return _Groups(
+        results={h: tuple(r) for h, r in results.items()},
+        complete={h: not w for h, w in wanted.items()},
+        member=member,
+    )
+
+
+def cut_point(snapshot: Sequence[Message]) -> int:
+    """R-RUN-1: where the archive span ends.
+
+    The end of the snapshot, unless its last item is the call or a result of a tool
+    group still missing results (the snapshot was read between the agent's writes
+    of that group): then right before the group's assistant message.
+    """
+    if not snapshot:
+        return 0
+    groups = _group_tool_calls(snapshot)
+    head = groups.member.get(len(snapshot) - 1)
+    if head is not None and not groups.complete[head]:
+        return head
+    return len(snapshot)
+
+
+def visible_text(m: Message) -> str:
+    """An assistant's words: `visibleContent` when the stored content is a JSON envelope."""
+    if m.content.lstrip().startswith("{"):
+        try:
+            envelope = json.loads(m.content)
+        except ValueError:
+            return m.content
+        visible = m.metadata.get("visibleContent")
+        if isinstance(envelope, dict) and isinstance(visible, str):
+            return visible
+    return m.content
+
+
+def render_message(m: Message, tool_names: Mapping[str, str]) -> str:
+    """One message as the summariser reads it (R-RUN-3)."""
+    if m.role == "assistant":
+        text = visible_text(m)
+        lines = [f"{ASSISTANT_PREFIX}{text}"] if text.strip() or not m.tool_calls else []
+        lines += [f"调用 {c.name}({c.arguments[:CUT]})" for c in m.tool_calls]
+        return "\n".join(lines)
+    if m.role == "tool":
+        name = tool_names.get(m.tool_call_id or "") or m.name or "未知工具"
+        return f"工具结果({name}): {m.content[:CUT]}"
+    if m.role == "notice":
+        return f"通知: {m.content[:CUT]}"
+    return m.content
+
+
+def render_unit(messages: Sequence[Message], tool_names: Mapping[str, str]) -> str:
+    """A unit's text: its messages rendered, one after another."""
+    return "\n".join(render_message(m, tool_names) for m in messages)
+
+
+def build_units(span: Sequence[Message]) -> list[Unit]:
+    """R-RUN-2: the units of an archive span, in time order.
+
+    A tool group stands at its assistant's place; messages written between the call
+    and its results come after it, each a unit of its own. System messages and event
+    markers are not units.
+    """
+    # R-RUN-3: the tool name comes from the span's calls; a result's own name is the fallback.
+    tool_names = {c.id: c.name for m in span if m.role == "assistant" for c in m.tool_calls}
+    groups = _group_tool_calls(span)
+    units: list[Unit] = []
+    for i, m in enumerate(span):
+        if not m.is_conversation:
+            continue
+        if i in groups.results:
+            indexes = (i, *groups.results[i])
+            complete = groups.complete[i]
+        elif i in groups.member:
+            continue  # a result, already in its group
+        else:
+            indexes = (i,)
+            complete = m.role != "tool"  # a lone tool result cannot be kept verbatim
+        messages = tuple(span[j] for j in indexes)
+        units.append(Unit(indexes, messages, complete, render_unit(messages, tool_names)))
+    return units
+
+
+def has_conversation(units: Sequence[Unit]) -> bool:
+    """Whether there is anything to summarise (R-PROG-2: not when only markers are left)."""
+    return bool(units)
+
+
+def annotate(number: int, cost: int, text: str) -> str:
+    """R-RUN-6: a numbered unit's text in a request."""
+    return f"#{number}〔约 {cost} token〕{text}"
+
+
+def number_units(units: Sequence[Unit], *, keep_cap: int, capacity: int, est: Estimators) -> list[Part]:
+    """R-RUN-6: number the units that may be kept verbatim, 1, 2, … in time order.
+
+    Not numbered: incomplete shapes, a unit costing more than the keep cap kept
+    verbatim, a unit whose annotated text is over half the request capacity. With a
+    keep cap of 0 nothing is numbered (R-BUD-4: ratio 0 keeps nothing).
+    """
+    parts: list[Part] = []
+    number = 1
+    for u in units:
+        cost = sum(est.msg(m) for m in u.messages)
+        annotated = annotate(number, cost, u.text)
+        if u.complete and keep_cap > 0 and cost <= keep_cap and 2 * len(annotated) <= capacity:
+            parts.append(Part(u, number, cost, annotated))
+            number += 1
+        else:
+            parts.append(Part(u, None, cost, u.text))
+    return parts

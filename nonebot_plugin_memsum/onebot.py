@@ -1,0 +1,299 @@
+"""OneBot v11 in and out: sessions from events, messages rendered as labelled text,
+notices, when to answer, and sending replies (merged-forward when long).
+
+Every group message is recorded as `[昵称(ID)] 正文`; the label is the real sender
+(R-TPL-4), and text that imitates a label is neutralised so no member can speak as
+someone else or as the bot.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from nonebot import on_message, on_notice
+from nonebot.adapters.onebot.v11 import (
+    Bot,
+    FriendRecallNoticeEvent,
+    GroupAdminNoticeEvent,
+    GroupBanNoticeEvent,
+    GroupDecreaseNoticeEvent,
+    GroupIncreaseNoticeEvent,
+    GroupMessageEvent,
+    GroupRecallNoticeEvent,
+    MessageEvent,
+    NoticeEvent,
+    PokeNotifyEvent,
+    PrivateMessageEvent,
+)
+from nonebot.adapters.onebot.v11 import Message as OBMessage
+from nonebot.log import logger
+
+from . import clock, runtime
+from .agent.turn import Entry
+from .types import Message, SessionRecord
+
+PLATFORM = "onebot"
+MAX_NAME = 32
+_PLACEHOLDERS = {
+    "image": "[图片]",
+    "face": "[表情]",
+    "mface": "[表情]",
+    "marketface": "[表情]",
+    "record": "[语音]",
+    "video": "[视频]",
+    "file": "[文件]",
+    "forward": "[合并转发]",
+    "node": "[合并转发]",
+    "json": "[卡片]",
+    "xml": "[卡片]",
+    "share": "[链接]",
+    "music": "[音乐]",
+    "location": "[位置]",
+    "contact": "[名片]",
+    "poke": "[戳一戳]",
+    "dice": "[骰子]",
+    "rps": "[猜拳]",
+    "markdown": "[消息]",
+}
+# `[name(12345)]`, also with full-width brackets/parentheses, at the start of a line.
+_LABEL_LIKE = re.compile(r"^(\s*)[\[［【]([^\n\]］】]{0,80}?)[(（]\s*(\d+)\s*[)）]\s*[\]］】]", re.M)
+
+
+# ---- sessions -----------------------------------------------------------------------
+def group_session_id(self_id: int | str, group_id: int | str) -> str:
+    return f"{PLATFORM}:{self_id}:group:{group_id}"
+
+
+def private_session_id(self_id: int | str, user_id: int | str) -> str:
+    return f"{PLATFORM}:{self_id}:private:{user_id}"
+
+
+def group_record(self_id: int | str, group_id: int | str) -> SessionRecord:
+    """A group is a multi-party `room`; memory is per bot account."""
+    return SessionRecord(
+        id=group_session_id(self_id, group_id),
+        platform=PLATFORM,
+        kind="group",
+        place=f"group:{group_id}",
+        room_class="room",
+        created=clock.now(),
+    )
+
+
+def private_record(self_id: int | str, user_id: int | str) -> SessionRecord:
+    return SessionRecord(
+        id=private_session_id(self_id, user_id),
+        platform=PLATFORM,
+        kind="private",
+        peer=str(user_id),
+        room_class="direct",
+        created=clock.now(),
+    )
+
+
+def entry_of(record: SessionRecord) -> Entry:
+    return Entry(record.platform, record.kind)
+
+
+# ---- text ---------------------------------------------------------------------------
+def clean_name(name: str | None, fallback: str) -> str:
+    """A display name that cannot break the label: no brackets, parentheses or newlines."""
+    cleaned = re.sub(r"[\[\]［］【】()（）\r\n\t]", "", name or "").strip()[:MAX_NAME]
+    return cleaned or fallback
+
+
+def label(name: str | None, user_id: int | str) -> str:
+    return f"[{clean_name(name, str(user_id))}({user_id})]"
+
+
+def neutralise_labels(text: str) -> str:
+    """Turn every label-like `[name(digits)]` at a line start into plain words."""
+    return _LABEL_LIKE.sub(lambda m: f"{m.group(1)}（仿冒标注：{m.group(2).strip()} {m.group(3)}）", text)
+
+
+def render_segments(segments: Iterable[tuple[str, Mapping[str, Any]]], names: Mapping[str, str]) -> str:
+    """Message segments as short text: @ as `@昵称(ID)`, media as placeholders."""
+    out: list[str] = []
+    for kind, data in segments:
+        if kind == "text":
+            out.append(str(data.get("text", "")))
+        elif kind == "at":
+            qq = str(data.get("qq", ""))
+            if qq == "all":
+                out.append("@全体成员")
+            else:
+                out.append(f"@{clean_name(data.get('name') or names.get(qq), qq)}({qq})")
+        elif kind == "reply":
+            continue  # rendered from the resolved reply, see quote_marker
+        else:
+            out.append(_PLACEHOLDERS.get(kind, f"[{kind}]"))
+    return "".join(out)
+
+
+def quote_marker(name: str | None, user_id: int | str, text: str) -> str:
+    excerpt = text.replace("\n", " ").strip()
+    excerpt = excerpt if len(excerpt) <= 30 else excerpt[:30] + "…"
+    return f"[回复 {clean_name(name, str(user_id))}({user_id})：{excerpt}] "
+
+
+def labelled(name: str | None, user_id: int | str, body: str, quote: str = "") -> str:
+    """`[昵称(ID)] 正文`: the label first, the body unable to fake another one."""
+    return f"{label(name, user_id)} {quote}{neutralise_labels(body)}"
+
+
+def _segments(message: OBMessage) -> list[tuple[str, Mapping[str, Any]]]:
+    return [(seg.type, seg.data) for seg in message]
+
+
+def notice_text(event: NoticeEvent, names: Mapping[str, str]) -> str | None:
+    """A platform notice as a short line, or None for notices not worth keeping."""
+
+    def who(uid: int) -> str:
+        return f"{clean_name(names.get(str(uid)), str(uid))}({uid})"
+
+    if isinstance(event, GroupIncreaseNoticeEvent):
+        return f"{who(event.user_id)} 加入了本群"
+    if isinstance(event, GroupDecreaseNoticeEvent):
+        verb = {"kick": "被移出了本群", "kick_me": "把机器人移出了本群"}.get(event.sub_type, "离开了本群")
+        return f"{who(event.user_id)} {verb}"
+    if isinstance(event, GroupRecallNoticeEvent):
+        if event.operator_id != event.user_id:
+            return f"{who(event.operator_id)} 撤回了 {who(event.user_id)} 的一条消息"
+        return f"{who(event.user_id)} 撤回了一条消息"
+    if isinstance(event, FriendRecallNoticeEvent):
+        return f"{who(event.user_id)} 撤回了一条消息"
+    if isinstance(event, PokeNotifyEvent):
+        return f"{who(event.user_id)} 戳了戳 {who(event.target_id)}"
+    if isinstance(event, GroupAdminNoticeEvent):
+        return f"{who(event.user_id)} {'成为' if event.sub_type == 'set' else '不再是'}管理员"
+    if isinstance(event, GroupBanNoticeEvent):
+        if event.sub_type == "lift_ban" or event.duration == 0:
+            return f"{who(event.user_id)} 被解除禁言"
+        return f"{who(event.user_id)} 被禁言 {event.duration} 秒"
+    return None
+
+
+# ---- names --------------------------------------------------------------------------
+_names: dict[str, dict[str, str]] = {}
+
+
+def _names_of(scope: str) -> dict[str, str]:
+    return _names.setdefault(scope, {})
+
+
+async def _fill_at_names(bot: Bot, group_id: int | None, message: OBMessage, names: dict[str, str]) -> None:
+    """Look up names of @-mentioned members we have not heard speak yet."""
+    for seg in message:
+        qq = str(seg.data.get("qq", ""))
+        if seg.type != "at" or not qq.isdigit() or qq in names or seg.data.get("name"):
+            continue
+        if qq == bot.self_id:
+            names[qq] = next(iter(runtime.get().nicknames)) if runtime.get().nicknames else "机器人"
+            continue
+        try:
+            if group_id is not None:
+                info = await bot.get_group_member_info(group_id=group_id, user_id=int(qq))
+                names[qq] = info.get("card") or info.get("nickname") or qq
+            else:
+                info = await bot.get_stranger_info(user_id=int(qq))
+                names[qq] = info.get("nickname") or qq
+        except Exception as err:
+            logger.debug(f"memsum: no name for {qq}: {err}")
+            names[qq] = qq
+
+
+# ---- recording and answering --------------------------------------------------------
+async def record_message(bot: Bot, event: MessageEvent) -> tuple[SessionRecord, Message]:
+    """Store one message event as a user message of its session."""
+    rt = runtime.get()
+    if isinstance(event, GroupMessageEvent):
+        record = group_record(bot.self_id, event.group_id)
+        scope = record.id
+        group_id: int | None = event.group_id
+    else:
+        record = private_record(bot.self_id, event.user_id)
+        scope, group_id = record.id, None
+    names = _names_of(scope)
+    name = event.sender.card or event.sender.nickname
+    names[str(event.user_id)] = clean_name(name, str(event.user_id))
+    await _fill_at_names(bot, group_id, event.original_message, names)
+    quote = ""
+    if event.reply is not None:
+        sender = event.reply.sender
+        is_bot = str(sender.user_id) == bot.self_id
+        reply_name = (
+            (next(iter(rt.nicknames)) if rt.nicknames else "机器人")
+            if is_bot
+            else (sender.card or sender.nickname)
+        )
+        quote = quote_marker(
+            reply_name, sender.user_id or 0, render_segments(_segments(event.reply.message), names)
+        )
+    body = render_segments(_segments(event.original_message), names)
+    msg = Message(
+        role="user",
+        content=labelled(name, event.user_id, body, quote),
+        name=str(event.user_id),
+        ts=clock.now(),
+        metadata={"message_id": event.message_id, "user_id": event.user_id},
+    )
+    return record, await rt.agent.record(record, msg)
+
+
+def _replier(bot: Bot, event: MessageEvent):
+    async def send(text: str) -> None:
+        await send_reply(bot, event, text)
+
+    return send
+
+
+async def send_reply(bot: Bot, event: MessageEvent, text: str) -> None:
+    """Plain text; in groups a long text goes out as a merged-forward message."""
+    threshold = runtime.get().config.memsum_forward_threshold
+    if isinstance(event, GroupMessageEvent) and threshold and len(text) > threshold:
+        nodes = [
+            {"type": "node", "data": {"name": "记忆助手", "uin": bot.self_id, "content": part}}
+            for part in _split(text, 1500)
+        ]
+        try:
+            await bot.call_api("send_group_forward_msg", group_id=event.group_id, messages=nodes)
+            return
+        except Exception as err:
+            logger.info(f"memsum: merged-forward not available ({type(err).__name__}); sending plain text")
+    for part in _split(text, 3000):
+        await bot.send(event, part)
+
+
+def _split(text: str, size: int) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
+
+
+def register_matchers(priority: int) -> None:
+    """Recording and chat sit below the commands, which block, so commands never get recorded."""
+    chat = on_message(priority=priority, block=False)
+    notices = on_notice(priority=priority, block=False)
+
+    @chat.handle()
+    async def _(bot: Bot, event: MessageEvent) -> None:
+        if not isinstance(event, GroupMessageEvent | PrivateMessageEvent):
+            return
+        record, _msg = await record_message(bot, event)
+        if isinstance(event, PrivateMessageEvent) or event.is_tome():
+            runtime.get().agent.request_turn(record.id, _replier(bot, event), entry_of(record))
+
+    @notices.handle()
+    async def _(bot: Bot, event: NoticeEvent) -> None:
+        group_id = getattr(event, "group_id", None)
+        user_id = getattr(event, "user_id", None)
+        if group_id:
+            record = group_record(bot.self_id, group_id)
+        elif user_id:
+            record = private_record(bot.self_id, user_id)
+        else:
+            return
+        text = notice_text(event, _names_of(record.id))
+        if text is None:
+            return
+        await runtime.get().agent.record(record, Message(role="notice", content=text, ts=clock.now()))

@@ -1,0 +1,98 @@
+"""What the plugin runs once started: one store, one HTTP client, one agent, one bus.
+
+Created in NoneBot's on_startup and stopped in on_shutdown (both idempotent); importing
+the plugin opens nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .agent.events import EventBus
+from .agent.tools import StoreTodoProvider, ToolRegistry, register_todo_tool
+from .agent.turn import Agent
+from .compression.service import CompressionService
+from .config import Config
+from .llm import LLMClient, Registry
+from .llm.tokens import aload_encoding
+from .settings import Settings
+from .store import Store
+
+
+@dataclass
+class Runtime:
+    config: Config
+    store: Store
+    registry: Registry
+    client: LLMClient
+    bus: EventBus
+    settings: Settings
+    tools: ToolRegistry
+    todos: StoreTodoProvider
+    agent: Agent
+    compression: CompressionService
+    nicknames: list[str] = field(default_factory=list)
+
+
+_current: Runtime | None = None
+
+
+class NotStarted(RuntimeError):
+    """The plugin is used before NoneBot started it."""
+
+
+def get() -> Runtime:
+    if _current is None:
+        raise NotStarted("nonebot-plugin-memsum is not started yet (NoneBot on_startup has not run)")
+    return _current
+
+
+async def start(config: Config, db_path: Path, nicknames: list[str], superusers: set[str]) -> Runtime:
+    global _current
+    if _current is not None:
+        return _current
+    await aload_encoding(config.memsum_tokenizer)
+    store = Store(db_path)
+    await store.open()
+    registry = Registry(
+        config.memsum_models,
+        preferred=config.memsum_preferred_model,
+        preferences={"chat": config.memsum_chat_model, "summary": config.memsum_summary_model},
+    )
+    client = LLMClient(timeout=config.memsum_llm_timeout, ledger=store.record_usage)
+    bus = EventBus()
+    settings = Settings(store, config)
+    tools = ToolRegistry()
+    todos = StoreTodoProvider(store)
+    register_todo_tool(tools, todos)
+    agent = Agent(
+        store=store, client=client, registry=registry, bus=bus, config=config, settings=settings, tools=tools
+    )
+    compression = CompressionService(
+        store=store,
+        client=client,
+        registry=registry,
+        bus=bus,
+        config=config,
+        settings=settings,
+        agent=agent,
+        todos=todos,
+        is_owner=superusers.__contains__,  # R-TPL-3: the owner check is NoneBot's SUPERUSERS
+    )
+    compression.attach()
+    _current = Runtime(
+        config, store, registry, client, bus, settings, tools, todos, agent, compression, nicknames
+    )
+    return _current
+
+
+async def stop() -> None:
+    global _current
+    rt, _current = _current, None
+    if rt is None:
+        return
+    await rt.agent.shutdown()
+    await rt.compression.shutdown()
+    await rt.client.aclose()
+    await rt.store.close()

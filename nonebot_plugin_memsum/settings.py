@@ -1,0 +1,132 @@
+"""Layered per-session settings: `compress_at` and `history_limit` (R-CFG-2/3/4/6).
+
+Layers, lowest first: plugin config < platform tier (`onebot`) < platform-type tier
+(`onebot.group`) < place (one group) < session. Tiers come from `.env`; place and
+session values live in the store. `resolve` is the one rule, pure; `Settings` reads the
+layers and writes the stored ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from .config import Config, Tier
+from .store import Store
+from .types import SessionRecord
+
+SettingName = Literal["compress_at", "history_limit"]
+SETTING_NAMES: tuple[SettingName, ...] = ("compress_at", "history_limit")
+LAYER_LABELS = {
+    "global": "全局配置",
+    "platform": "平台档",
+    "platform_type": "平台类型档",
+    "place": "本群",
+    "session": "本会话",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """An effective value and the layer it came from (a key of LAYER_LABELS)."""
+
+    value: float | int
+    layer: str
+
+    @property
+    def layer_label(self) -> str:
+        return LAYER_LABELS[self.layer]
+
+
+def tier_keys(
+    record: SessionRecord | None, entry_platform: str | None, entry_type: str | None
+) -> tuple[str, str]:
+    """The tier names of a session: its birth platform, else the one it entered through."""
+    if record is not None and record.platform:
+        platform, kind = record.platform, record.kind
+    else:
+        platform, kind = entry_platform or "", entry_type or ""
+    return platform, f"{platform}.{kind}"
+
+
+def resolve(
+    name: SettingName,
+    config: Config,
+    tiers: Mapping[str, Tier],
+    platform_key: str,
+    platform_type_key: str,
+    place_value: float | None,
+    session_value: float | None,
+) -> Resolved:
+    """The highest layer that sets `name` wins."""
+    default = config.memsum_compress_at if name == "compress_at" else config.memsum_history_limit
+    result = Resolved(default, "global")
+    for layer, tier_name in (("platform", platform_key), ("platform_type", platform_type_key)):
+        tier = tiers.get(tier_name)
+        value = getattr(tier, name) if tier else None
+        if value is not None:
+            result = Resolved(value, layer)
+    if place_value is not None:
+        result = Resolved(place_value, "place")
+    if session_value is not None:
+        result = Resolved(session_value, "session")
+    return result
+
+
+def validate(name: SettingName, value: float) -> float | int:
+    """The allowed range of each name, or ValueError with it in Chinese."""
+    if name == "compress_at":
+        if not 0 <= float(value) <= 1:
+            raise ValueError("压缩线须在 0 到 1 之间（0 表示不按用量压缩）")
+        return float(value)
+    if (isinstance(value, float) and not value.is_integer()) or int(value) < 0 or int(value) > 100000:
+        raise ValueError("条数线须是 0 到 100000 之间的整数（0 表示不按条数压缩）")
+    return int(value)
+
+
+def place_key(record: SessionRecord) -> str | None:
+    return f"{record.platform}:{record.place}" if record.place else None
+
+
+class Settings:
+    """Reads the layers of a session and writes its stored layers."""
+
+    def __init__(self, store: Store, config: Config) -> None:
+        self._store = store
+        self._config = config
+
+    async def effective(
+        self,
+        name: SettingName,
+        session_id: str,
+        *,
+        entry_platform: str | None = None,
+        entry_type: str | None = None,
+    ) -> Resolved:
+        record = await self._store.get_session(session_id)
+        platform_key, type_key = tier_keys(record, entry_platform, entry_type)
+        place = place_key(record) if record else None
+        place_value = await self._store.get_setting("place", place, name) if place else None
+        session_value = await self._store.get_setting("session", session_id, name)
+        return resolve(
+            name, self._config, self._config.memsum_tiers, platform_key, type_key, place_value, session_value
+        )
+
+    async def set(
+        self, name: SettingName, scope: Literal["session", "place"], key: str, value: float
+    ) -> None:
+        await self._store.set_setting(scope, key, name, validate(name, value))
+
+    async def reset(self, name: SettingName, scope: Literal["session", "place"], key: str) -> None:
+        await self._store.delete_setting(scope, key, name)
+
+    async def copy_from_parent(
+        self, parent_id: str, child_id: str, entry_platform: str | None, entry_type: str | None
+    ) -> None:
+        """R-CFG-3: a child writes down its parent's effective values once, then is independent."""
+        for name in SETTING_NAMES:
+            value = await self.effective(
+                name, parent_id, entry_platform=entry_platform, entry_type=entry_type
+            )
+            await self._store.set_setting("session", child_id, name, value.value)

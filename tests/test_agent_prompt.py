@@ -1,0 +1,108 @@
+"""Count trimming, hard trimming and assembly of the chat agent's prompt (pure)."""
+
+from nonebot_plugin_memsum.agent.prompt import (
+    assemble,
+    count_trim,
+    hard_trim,
+    safe_start,
+    sendable,
+    to_openai,
+    trim_budget,
+)
+from nonebot_plugin_memsum.types import Message, ToolCall
+
+
+def user(i: int) -> Message:
+    return Message(role="user", content=f"[u(1)] m{i}", id=i)
+
+
+def call(cid: str) -> Message:
+    return Message(role="assistant", content="", tool_calls=(ToolCall(cid, "todo_write", "{}"),))
+
+
+def result(cid: str) -> Message:
+    return Message(role="tool", content="ok", tool_call_id=cid, name="todo_write")
+
+
+def est(m: Message) -> int:
+    return 10
+
+
+def test_r_cfg_6_count_trim_keeps_at_most_limit_in_segments() -> None:
+    history = [user(i) for i in range(25)]
+    # limit 10, segment 5: 25 - 10 = 15 excess -> drop 15 -> keep 10
+    assert [m.id for m in count_trim(history, 10)] == list(range(15, 25))
+    # 26 messages: excess 16 -> drop 20 (4 segments) -> keep 6; the prefix moves only every 5 messages
+    history26 = [user(i) for i in range(26)]
+    assert [m.id for m in count_trim(history26, 10)] == list(range(20, 26))
+    for n in range(27, 31):
+        assert count_trim([user(i) for i in range(n)], 10)[0].id == 20
+
+
+def test_r_cfg_6_count_trim_off_at_zero_and_skips_event_markers() -> None:
+    marker = Message(role="system", content="对话已压缩", event_marker=True)
+    history = [user(0), marker, user(1)]
+    assert count_trim(history, 0) == [user(0), user(1)]
+
+
+def test_count_trim_never_splits_a_tool_group() -> None:
+    history = [user(0), user(1), call("a"), result("a"), user(4), user(5)]
+    # limit 3, segment 1: drop 3 would start at the result -> move past the group
+    kept = count_trim(history, 3)
+    assert kept[0].role == "user"
+    assert all(not (m.role == "tool") or any(c.role == "assistant" for c in kept) for m in kept)
+    assert kept == [user(4), user(5)]
+
+
+def test_safe_start_skips_lone_results() -> None:
+    history = [result("x"), user(1)]
+    assert safe_start(history, 0) == 1
+
+
+def test_hard_trim_drops_oldest_whole_groups_and_reports() -> None:
+    history = [user(0), call("a"), result("a"), user(3)]
+    kept, trimmed = hard_trim(history, fixed_tokens=5, budget=25, estimate=est)
+    assert trimmed is True
+    assert kept == [user(3)]
+    kept, trimmed = hard_trim(history, fixed_tokens=5, budget=45, estimate=est)
+    assert kept == history
+    assert trimmed is False
+
+
+def test_sendable_drops_unfinished_calls_and_orphans() -> None:
+    history = [call("a"), user(1), result("zz"), call("b"), result("b")]
+    out = sendable(history)
+    assert [m.role for m in out] == ["user", "assistant", "tool"]
+
+
+def test_to_openai_shapes() -> None:
+    assert to_openai(call("a"))["tool_calls"][0]["function"]["name"] == "todo_write"
+    assert to_openai(result("a")) == {"role": "tool", "tool_call_id": "a", "content": "ok"}
+    assert to_openai(Message(role="notice", content="甲(1) 加入了本群")) == {
+        "role": "user",
+        "content": "[通知] 甲(1) 加入了本群",
+    }
+
+
+def test_trim_budget_reserves_the_reply() -> None:
+    assert trim_budget(32000, 1.0, 4096, 1024) == 32000 - 1024
+    assert trim_budget(32000, 0.5, 512, 1024) == 16000 - 512
+    assert trim_budget(32000, 1.0, None, 1024) == 32000 - 1024
+
+
+def test_r_inj_1_context_is_the_last_system_part_before_history() -> None:
+    prompt = assemble(
+        ["persona", "other", "SUMMARY"],
+        [user(0), user(1)],
+        history_limit=0,
+        trim_budget=10_000,
+        estimate_msg=est,
+        estimate_text=len,
+    )
+    roles = [m["role"] for m in prompt.messages]
+    assert roles == ["system", "system", "system", "user", "user"]
+    assert prompt.messages[2]["content"] == "SUMMARY"
+    # 3 system parts: len + 4 each = 11 + 9 + 11 = 31; two messages of 10
+    assert prompt.estimate == 31 + 20
+    assert prompt.untrimmed_history == 20
+    assert prompt.trimmed is False

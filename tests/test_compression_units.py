@@ -1,0 +1,183 @@
+"""Cut point, units, rendering and numbering (R-RUN-1/2/3/6)."""
+
+from __future__ import annotations
+
+import json
+
+from nonebot_plugin_memsum.compression.units import (
+    ASSISTANT_PREFIX,
+    annotate,
+    build_units,
+    cut_point,
+    has_conversation,
+    number_units,
+    render_unit,
+)
+from nonebot_plugin_memsum.types import Message
+from tests.fakes.compression import EST, assistant, divider, notice, result, user
+
+
+def test_r_run_1_cut_at_end_of_plain_history() -> None:
+    snapshot = [user("[甲(1)] 在吗"), assistant("在"), user("[乙(2)] 好")]
+    assert cut_point(snapshot) == 3
+    assert cut_point([]) == 0
+
+
+def test_r_run_1_cut_before_unanswered_call() -> None:
+    snapshot = [user("[甲(1)] 查天气"), assistant("", ("c1", "weather", "{}"))]
+    assert cut_point(snapshot) == 1
+
+
+def test_r_run_1_cut_before_group_with_results_missing() -> None:
+    # two calls, one result so far: the last item is a result of an unfinished group
+    snapshot = [
+        user("[甲(1)] 查两处"),
+        assistant("", ("c1", "weather", '{"city":"京"}'), ("c2", "weather", '{"city":"沪"}')),
+        user("[乙(2)] 插一句"),
+        result("c1", "晴"),
+    ]
+    assert cut_point(snapshot) == 1
+
+
+def test_r_run_1_complete_group_at_end_is_archived() -> None:
+    snapshot = [user("[甲(1)] 查"), assistant("", ("c1", "weather", "{}")), result("c1", "晴")]
+    assert cut_point(snapshot) == 3
+
+
+def test_r_run_1_only_the_last_item_matters() -> None:
+    # the unfinished group is not the last item: cut at the end, the group goes in as incomplete
+    snapshot = [assistant("", ("c1", "weather", "{}")), user("[甲(1)] 还在吗")]
+    assert cut_point(snapshot) == 2
+
+
+def test_r_run_2_tool_group_is_one_unit_and_interleaved_messages_follow_it() -> None:
+    span = [
+        user("[甲(1)] 查两处"),  # 0
+        assistant("", ("c1", "weather", "{}"), ("c2", "weather", "{}")),  # 1
+        user("[乙(2)] 插一句"),  # 2
+        result("c1", "晴"),  # 3
+        notice("乙 加入了群"),  # 4
+        result("c2", "雨"),  # 5
+        assistant("两处都查了"),  # 6
+    ]
+    units = build_units(span)
+    assert [u.indexes for u in units] == [(0,), (1, 3, 5), (2,), (4,), (6,)]
+    assert [u.complete for u in units] == [True, True, True, True, True]
+    assert units[1].messages == (span[1], span[3], span[5])
+
+
+def test_r_run_2_system_messages_and_markers_are_not_units() -> None:
+    span = [
+        divider(),  # 0
+        Message(role="system", content="旧的系统提示"),  # 1
+        user("[甲(1)] 你好"),  # 2
+        Message(role="notice", content="标记", event_marker=True),  # 3
+        assistant("你好"),  # 4
+    ]
+    units = build_units(span)
+    assert [u.indexes for u in units] == [(2,), (4,)]
+    assert has_conversation(units)
+    assert not has_conversation(build_units([divider(), divider()]))
+
+
+def test_r_run_2_incomplete_shapes() -> None:
+    span = [
+        result("lost", "孤立的结果"),  # 0: a lone tool result
+        assistant("", ("c1", "weather", "{}"), ("c2", "weather", "{}")),  # 1
+        result("c1", "晴"),  # 2: c2 never answered
+    ]
+    units = build_units(span)
+    assert [(u.indexes, u.complete) for u in units] == [((0,), False), ((1, 2), False)]
+
+
+def test_r_run_3_user_as_stored_assistant_prefixed() -> None:
+    span = [user("[张三(123)] 明天几点开会"), assistant("十点")]
+    units = build_units(span)
+    assert units[0].text == "[张三(123)] 明天几点开会"
+    assert units[1].text == f"{ASSISTANT_PREFIX}十点"
+    assert units[1].text == "助手: 十点"
+
+
+def test_r_run_3_json_envelope_reads_visible_content() -> None:
+    envelope = json.dumps({"reply": "内部字段", "mood": "happy"})
+    with_visible = Message(role="assistant", content=envelope, metadata={"visibleContent": "看得见的话"})
+    without = Message(role="assistant", content=envelope)
+    not_object = Message(role="assistant", content="{不是 JSON", metadata={"visibleContent": "x"})
+    listed = Message(role="assistant", content="[1, 2]", metadata={"visibleContent": "x"})
+    texts = [u.text for u in build_units([with_visible, without, not_object, listed])]
+    assert texts == ["助手: 看得见的话", f"助手: {envelope}", "助手: {不是 JSON", "助手: [1, 2]"]
+
+
+def test_r_run_3_tool_calls_and_results() -> None:
+    span = [
+        assistant("我查一下", ("c1", "weather", '{"city":"北京"}')),
+        result("c1", "晴，25 度", name="stale_name"),
+    ]
+    [unit] = build_units(span)
+    assert unit.text == '助手: 我查一下\n调用 weather({"city":"北京"})\n工具结果(weather): 晴，25 度'
+
+
+def test_r_run_3_tool_name_falls_back_to_the_message_name() -> None:
+    # the call is outside the span: the lone result's own name is all there is
+    [unit] = build_units([result("gone", "内容", name="read_file")])
+    assert unit.text == "工具结果(read_file): 内容"
+
+
+def test_r_run_3_cut_hard_at_200_characters() -> None:
+    args = "a" * 250
+    out = "b" * 300
+    span = [assistant("", ("c1", "write", args)), result("c1", out), notice("c" * 201)]
+    group, note = build_units(span)
+    assert group.text == f"调用 write({'a' * 200})\n工具结果(write): {'b' * 200}"
+    assert note.text == "通知: " + "c" * 200
+
+
+def test_r_run_3_long_user_and_assistant_text_is_not_cut() -> None:
+    long = "字" * 1000
+    units = build_units([user(long), assistant(long)])
+    assert units[0].text == long
+    assert units[1].text == "助手: " + long
+
+
+def test_r_run_3_render_unit_joins_lines() -> None:
+    msgs = [assistant("", ("c1", "f", "1")), result("c1", "2")]
+    assert render_unit(msgs, {"c1": "g"}) == "调用 f(1)\n工具结果(g): 2"
+
+
+def test_r_run_6_numbers_in_time_order_with_annotation() -> None:
+    span = [user("[甲(1)] 一"), assistant("二"), user("[乙(2)] 三")]
+    parts = number_units(build_units(span), keep_cap=100, capacity=1000, est=EST)
+    # N = len(content) + 4: "[甲(1)] 一" is 8 characters → 12; "二" → 5
+    assert [p.number for p in parts] == [1, 2, 3]
+    assert [p.cost for p in parts] == [12, 5, 12]
+    assert parts[0].text == "#1〔约 12 token〕[甲(1)] 一"
+    assert parts[1].text == "#2〔约 5 token〕助手: 二"
+
+
+def test_r_run_6_tool_group_shares_one_number_and_costs_stored_messages() -> None:
+    span = [assistant("", ("c1", "read", "{}")), result("c1", "x" * 500), user("[甲(1)] 好")]
+    parts = number_units(build_units(span), keep_cap=1000, capacity=10_000, est=EST)
+    # the group's N is its stored messages (0 + 4) + (500 + 4), not the 200-character line
+    assert [(p.number, p.cost) for p in parts] == [(1, 508), (2, 12)]
+    assert parts[0].text.startswith("#1〔约 508 token〕调用 read({})")
+
+
+def test_r_run_6_unnumbered_incomplete_over_keep_cap_or_over_half_capacity() -> None:
+    span = [
+        result("lost", "孤立"),  # incomplete: unnumbered
+        user("短"),  # N 5: numbered 1
+        user("x" * 97),  # N 101 > keep cap 100: unnumbered
+        user("y" * 40),  # N 44; annotated 14 + 40 = 54 > capacity 100 / 2: unnumbered
+        user("z" * 30),  # N 34; annotated 44 ≤ 50: numbered 2
+    ]
+    parts = number_units(build_units(span), keep_cap=100, capacity=100, est=EST)
+    assert [p.number for p in parts] == [None, 1, None, None, 2]
+    assert len(annotate(2, 44, "y" * 40)) == 54
+    assert parts[3].text == "y" * 40  # no annotation when unnumbered
+    assert parts[4].text == "#2〔约 34 token〕" + "z" * 30
+
+
+def test_r_run_6_keep_cap_0_numbers_nothing() -> None:
+    span = [user(""), assistant("")]
+    parts = number_units(build_units(span), keep_cap=0, capacity=1000, est=EST)
+    assert [p.number for p in parts] == [None, None]

@@ -1,0 +1,75 @@
+"""Every configuration validation error names its key and what it allows (R-CFG-1)."""
+
+import pytest
+
+from nonebot_plugin_memsum.config import DEFAULT_PERSONA, ConfigError, parse_config
+
+MODEL = {"id": "p/m", "base_url": "http://127.0.0.1:1/v1", "context_window": 8000}
+
+
+def test_r_cfg_1_defaults_load_with_zero_configuration() -> None:
+    config = parse_config({})
+    assert config.memsum_compress_at == 0.8
+    assert config.memsum_summary_budget_ratio == 0.1
+    assert config.memsum_history_limit == 0
+    assert config.memsum_trim_ratio == 1.0
+    assert config.memsum_reply_max_tokens == 1024
+    assert config.memsum_llm_timeout == 120
+    assert config.memsum_models == []
+
+
+@pytest.mark.parametrize(
+    ("raw", "key", "allowed"),
+    [
+        ({"memsum_compress_at": 2}, "MEMSUM_COMPRESS_AT", "less than or equal to 1"),
+        ({"memsum_compress_at": -0.1}, "MEMSUM_COMPRESS_AT", "greater than or equal to 0"),
+        ({"memsum_summary_budget_ratio": 0.6}, "MEMSUM_SUMMARY_BUDGET_RATIO", "less than or equal to 0.5"),
+        ({"memsum_history_limit": -1}, "MEMSUM_HISTORY_LIMIT", "greater than or equal to 0"),
+        ({"memsum_trim_ratio": 0}, "MEMSUM_TRIM_RATIO", "greater than 0"),
+        ({"memsum_reply_max_tokens": 0}, "MEMSUM_REPLY_MAX_TOKENS", "greater than 0"),
+        ({"memsum_llm_timeout": "soon"}, "MEMSUM_LLM_TIMEOUT", "valid number"),
+        ({"memsum_tokenizer": "p50k"}, "MEMSUM_TOKENIZER", "o200k_base|cl100k_base"),
+        ({"memsum_models": "not json"}, "MEMSUM_MODELS", "valid list"),
+        (
+            {"memsum_models": [{**MODEL, "context_window": 0}]},
+            "MEMSUM_MODELS[0][context_window]",
+            "greater than 0",
+        ),
+        ({"memsum_models": [{**MODEL, "id": "noslash"}]}, "MEMSUM_MODELS[0][id]", "pattern"),
+        ({"memsum_models": [{**MODEL, "base_url": "ftp://x"}]}, "MEMSUM_MODELS[0][base_url]", "pattern"),
+        ({"memsum_models": [{**MODEL, "colour": 1}]}, "MEMSUM_MODELS[0][colour]", "Extra inputs"),
+        ({"memsum_models": [MODEL, MODEL]}, "MEMSUM_MODELS", "duplicate id"),
+        ({"memsum_tiers": {"qq": {"compress_at": 0.5}}}, "MEMSUM_TIERS", "allowed: onebot"),
+        (
+            {"memsum_tiers": {"onebot.group": {"compress_at": 5}}},
+            "MEMSUM_TIERS[onebot.group][compress_at]",
+            "1",
+        ),
+        ({"memsum_tiers": {"onebot": {"history_limit": -3}}}, "MEMSUM_TIERS[onebot][history_limit]", "0"),
+        ({"memsum_max_tool_rounds": 99}, "MEMSUM_MAX_TOOL_ROUNDS", "32"),
+    ],
+)
+def test_r_cfg_1_bad_value_names_key_and_allowed(raw: dict, key: str, allowed: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw)
+    message = str(info.value)
+    assert message.startswith(f"invalid {key}")
+    assert allowed in message
+    assert "\n" not in message
+
+
+def test_api_key_never_in_the_error() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"memsum_models": [{**MODEL, "api_key": "sk-SECRET", "context_window": -1}]})
+    assert "sk-SECRET" not in str(info.value)
+
+
+def test_model_name_defaults_to_the_part_after_the_slash() -> None:
+    config = parse_config({"memsum_models": [{**MODEL, "id": "deepseek/deepseek-chat"}]})
+    assert config.memsum_models[0].model == "deepseek-chat"
+    assert config.memsum_models[0].priority == 0
+    assert config.memsum_models[0].chat is True
+
+
+def test_empty_persona_means_the_built_in_one() -> None:
+    assert parse_config({"memsum_persona": "  "}).memsum_persona == DEFAULT_PERSONA
