@@ -1,0 +1,489 @@
+"""The compression service: the full compression run, its trigger at turn end, the
+back-off, clearing and the summary's injection. I/O around the pure core.
+
+One run per session at a time (R-PROG-3). The commit (write summary, re-read and check
+the history head, count rule, archive, divider) is ONE SQLite transaction, taken under
+the session's turn lock so history never changes under a running turn; a crash at any
+instant leaves the old state or the new one (R-RUN-11).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from nonebot.log import logger
+
+from nonebot_plugin_memsum import clock
+from nonebot_plugin_memsum.agent.events import (
+    CompressionProgress,
+    EventBus,
+    TurnEnded,
+    TurnStarted,
+    UsageEvent,
+)
+from nonebot_plugin_memsum.agent.tools import TodoProvider
+from nonebot_plugin_memsum.agent.turn import Agent
+from nonebot_plugin_memsum.compression.budget import compression_line, compute_budget
+from nonebot_plugin_memsum.compression.keep import apply_count_rule
+from nonebot_plugin_memsum.compression.parse import parse_reply
+from nonebot_plugin_memsum.compression.request import ChunkPlan, CompressionError
+from nonebot_plugin_memsum.compression.templates import choose_template
+from nonebot_plugin_memsum.compression.trigger import Backoff, UsageFacts, compression_due
+from nonebot_plugin_memsum.compression.units import Estimators, Unit, build_units, cut_point, has_conversation
+from nonebot_plugin_memsum.config import Config
+from nonebot_plugin_memsum.llm import LLMClient, LLMError, LLMLengthLimit, Registry
+from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_text_tokens
+from nonebot_plugin_memsum.settings import Settings
+from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE, Store
+from nonebot_plugin_memsum.types import Message
+
+RUNS_NAMESPACE = "compression"
+DIVIDER = "对话已压缩"
+BUSY = "这个会话正在压缩"
+CLEARED = "压缩期间会话被清空"
+CHANGED = "压缩期间历史被改动"
+# R-INJ-2: fixed, whatever the session.
+INJECTION_HEAD = (
+    "以下是本会话较早对话的摘要。保留的原文（如果有）按原来的时间顺序排在之后的历史开头，"
+    "内容已在摘要里概括过，并不是摘要之后才发生的。"
+)
+ESTIMATORS = Estimators(text=estimate_text_tokens, msg=estimate_msg_tokens)
+
+
+class _Cleared(Exception):
+    """The session was cleared while the model had not answered (R-MEM-3)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CompressionResult:
+    session_id: str
+    outcome: Literal["done", "nothing"]
+    tokens_before: int = 0
+    tokens_after: int = 0
+    kept_messages: int = 0
+    archived: int = 0
+    summary: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LastRun:
+    time: float
+    outcome: Literal["done", "error"]
+    reason: str | None
+    kept_messages: int
+    archived: int
+
+
+@dataclass(frozen=True, slots=True)
+class SessionStatus:
+    summary: str | None
+    summary_time: float | None
+    kept_messages: int
+    last_run: LastRun | None
+    running: bool
+    usage: int | None
+    line: int | None
+    window: int | None
+    compress_at: float
+    history_limit: int
+    active_messages: int
+    backoff_failures: int
+    backoff_turns_left: int
+
+
+@dataclass(slots=True)
+class _Run:
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    committing: bool = False
+
+
+def same_item(a: Message, b: Message) -> bool:
+    """R-RUN-11: timestamp, role, content and tool call ids."""
+    return (
+        a.id == b.id
+        and a.ts == b.ts
+        and a.role == b.role
+        and a.content == b.content
+        and [c.id for c in a.tool_calls] == [c.id for c in b.tool_calls]
+    )
+
+
+def kept_indexes(units: Sequence[Unit]) -> list[int]:
+    return sorted(i for u in units for i in u.indexes)
+
+
+@dataclass
+class CompressionService:
+    store: Store
+    client: LLMClient
+    registry: Registry
+    bus: EventBus
+    config: Config
+    settings: Settings
+    agent: Agent
+    todos: TodoProvider | None
+    is_owner: Callable[[str], bool] | None
+    _latest_turn_usage: dict[str, UsageEvent] = field(default_factory=dict)
+    _latest_usage: dict[str, UsageEvent] = field(default_factory=dict)
+    _epoch: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
+    _turn_epoch: dict[str, int] = field(default_factory=dict)
+    _backoff: dict[str, Backoff] = field(default_factory=dict)
+    _runs: dict[str, _Run] = field(default_factory=dict)
+    _commit_locks: defaultdict[str, asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
+    _background: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    def attach(self) -> None:
+        """Listen to the agent's events and inject the summary into its prompts."""
+        self.bus.subscribe(UsageEvent, self._on_usage)
+        self.bus.subscribe(TurnStarted, self._on_turn_started)
+        self.bus.subscribe(TurnEnded, self._on_turn_ended)
+        self.agent.contribute("context", self.injection)
+
+    async def shutdown(self) -> None:
+        tasks = list(self._background)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ---- public API ------------------------------------------------------------------
+    def is_running(self, session_id: str) -> bool:
+        return session_id in self._runs
+
+    async def compress(self, session_id: str) -> CompressionResult:
+        """Manual compression (R-PROG-3: refused while one runs)."""
+        if session_id in self._runs:
+            raise CompressionError(BUSY)
+        return await self._run(session_id)
+
+    async def compress_at(
+        self, session_id: str, platform: str | None = None, platform_type: str | None = None
+    ) -> float | None:
+        """R-CFG-4: the session's effective compress_at, None when it is 0."""
+        resolved = await self.settings.effective(
+            "compress_at", session_id, entry_platform=platform, entry_type=platform_type
+        )
+        return float(resolved.value) or None
+
+    async def clear(self, session_id: str, kind: Literal["context", "summary"]) -> None:
+        """R-MEM-2/3: cancel a run still waiting on the model; wait for a commit in progress."""
+        run = self._runs.get(session_id)
+        if run is not None and not run.committing:
+            run.cancelled.set()
+        async with self._commit_locks[session_id]:
+            await self.store.clear(session_id, kind)
+        self._epoch[session_id] += 1
+        self._backoff.pop(session_id, None)  # R-BACK-4
+        self._latest_turn_usage.pop(session_id, None)
+        if kind == "context":
+            self._latest_usage.pop(session_id, None)
+
+    async def summary(self, session_id: str) -> dict[str, Any] | None:
+        return await self.store.get_meta(SUMMARY_NAMESPACE, session_id)
+
+    async def injection(self, session_id: str) -> str | None:
+        """R-INJ-1/2: the whole summary, with the fixed first sentence; never cut."""
+        record = await self.summary(session_id)
+        if not record or not record.get("text"):
+            return None
+        return f"{INJECTION_HEAD}\n\n{record['text']}"
+
+    async def status(self, session_id: str) -> SessionStatus:
+        record = await self.summary(session_id) or {}
+        raw_run = await self.store.get_meta(RUNS_NAMESPACE, session_id)
+        last = LastRun(**raw_run) if raw_run else None
+        usage = self._latest_usage.get(session_id)
+        entry = (usage.platform, usage.platform_type) if usage else (None, None)
+        compress_at = await self.settings.effective(
+            "compress_at", session_id, entry_platform=entry[0], entry_type=entry[1]
+        )
+        limit = await self.settings.effective(
+            "history_limit", session_id, entry_platform=entry[0], entry_type=entry[1]
+        )
+        line = None
+        if usage is not None:
+            e = compression_line(compress_at.value, usage.window, usage.trim_budget)
+            line = int(e) if e is not None and compress_at.value else None
+        backoff = self._backoff.get(session_id, Backoff())
+        return SessionStatus(
+            summary=record.get("text"),
+            summary_time=record.get("time"),
+            kept_messages=int(record.get("kept_messages", 0)),
+            last_run=last,
+            running=self.is_running(session_id),
+            usage=usage.usage if usage else None,
+            line=line,
+            window=usage.window if usage else None,
+            compress_at=float(compress_at.value),
+            history_limit=int(limit.value),
+            active_messages=await self.store.count_active(session_id),
+            backoff_failures=backoff.failures,
+            backoff_turns_left=max(0, backoff.wait - backoff.turns_waited) if backoff.failures else 0,
+        )
+
+    # ---- the trigger (R-TRIG) ----------------------------------------------------------
+    async def _on_usage(self, event: UsageEvent) -> None:
+        self._latest_usage[event.session_id] = event  # R-TRIG-1: every usage, for the budget
+        if event.turn_id is not None:
+            self._latest_turn_usage[event.session_id] = event
+
+    async def _on_turn_started(self, event: TurnStarted) -> None:
+        self._turn_epoch[event.turn_id] = self._epoch[event.session_id]
+
+    async def _on_turn_ended(self, event: TurnEnded) -> None:
+        sid = event.session_id
+        epoch_at_start = self._turn_epoch.pop(event.turn_id, None)
+        if event.outcome in ("aborted", "error"):  # R-TRIG-2
+            return
+        usage = self._latest_turn_usage.get(sid)
+        # R-TRIG-5: a usage from an earlier turn, or a turn overtaken by a compression or clear
+        if usage is None or usage.turn_id != event.turn_id or epoch_at_start != self._epoch[sid]:
+            return
+        if sid in self._runs:
+            return
+        backoff = self._backoff.get(sid, Backoff()).on_judged_turn()
+        self._backoff[sid] = backoff
+        facts = UsageFacts(
+            turn_id=usage.turn_id,
+            usage=usage.usage,
+            window=usage.window,
+            trim_budget=usage.trim_budget,
+            trimmed=usage.trimmed,
+            untrimmed_history=usage.untrimmed_history,
+            history_messages=usage.history_messages,
+            history_limit=usage.history_limit,
+            platform=usage.platform,
+            platform_type=usage.platform_type,
+        )
+        compress_at = await self.compress_at(sid, usage.platform, usage.platform_type)
+        if not compression_due(facts, compress_at, event.outcome) or not backoff.may_run():
+            return
+        task = asyncio.create_task(self._background_run(sid), name=f"memsum-compress-{sid}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _background_run(self, session_id: str) -> None:
+        if session_id in self._runs:  # R-PROG-3: the background skips
+            return
+        try:
+            await self._run(session_id)
+        except CompressionError as err:
+            if str(err) != CLEARED:  # R-BACK-4: a run cancelled by a clear is no failure
+                self._backoff[session_id] = self._backoff.get(session_id, Backoff()).on_failure()
+        except Exception:
+            logger.exception(f"memsum: background compression of {session_id} crashed")
+            self._backoff[session_id] = self._backoff.get(session_id, Backoff()).on_failure()
+
+    # ---- the run (R-RUN, R-FAIL, R-PROG) ------------------------------------------------
+    async def _run(self, session_id: str) -> CompressionResult:
+        run = _Run()
+        self._runs[session_id] = run
+        try:
+            return await self._run_inner(session_id, run)
+        finally:
+            self._runs.pop(session_id, None)
+
+    async def _run_inner(self, session_id: str, run: _Run) -> CompressionResult:
+        try:
+            snapshot = await self.store.get_history(session_id)  # R-RUN-1
+        except Exception as err:  # R-PROG-2: failing before start: no events
+            logger.warning(f"memsum: cannot read the history of {session_id}: {err}")
+            raise CompressionError("读不出会话历史") from err
+        span = snapshot[: cut_point(snapshot)]
+        units = build_units(span)
+        if not has_conversation(units):  # R-PROG-2: nothing to do, no events
+            return CompressionResult(session_id, "nothing")
+        await self.bus.emit(CompressionProgress(session_id, "start"))
+        try:
+            result = await self._summarise_and_commit(session_id, run, snapshot, span, units)
+        except CompressionError as err:
+            await self._failed(session_id, str(err))
+            raise
+        except _Cleared:
+            await self._failed(session_id, CLEARED)
+            raise CompressionError(CLEARED) from None
+        except Exception as err:
+            logger.exception(f"memsum: compression of {session_id} failed")
+            reason = f"内部错误：{type(err).__name__}"
+            await self._failed(session_id, reason)
+            raise CompressionError(reason) from err
+        self._epoch[session_id] += 1
+        self._backoff.pop(session_id, None)  # R-BACK-4
+        await self._remember_run(
+            session_id, LastRun(clock.now(), "done", None, result.kept_messages, result.archived)
+        )
+        await self.bus.emit(CompressionProgress(session_id, "done"))
+        return result
+
+    async def _failed(self, session_id: str, reason: str) -> None:
+        """R-FAIL-1: one warning, an `error` event; nothing written."""
+        logger.warning(f"memsum: compression of {session_id} failed: {reason}")
+        await self._remember_run(session_id, LastRun(clock.now(), "error", reason, 0, 0))
+        await self.bus.emit(CompressionProgress(session_id, "error", reason))
+
+    async def _remember_run(self, session_id: str, last: LastRun) -> None:
+        try:
+            await self.store.put_meta(
+                RUNS_NAMESPACE,
+                session_id,
+                {
+                    "time": last.time,
+                    "outcome": last.outcome,
+                    "reason": last.reason,
+                    "kept_messages": last.kept_messages,
+                    "archived": last.archived,
+                },
+            )
+        except Exception as err:
+            logger.warning(f"memsum: could not record the compression outcome: {err}")
+
+    async def _summarise_and_commit(
+        self, session_id: str, run: _Run, snapshot: list[Message], span: list[Message], units: list[Unit]
+    ) -> CompressionResult:
+        model = self.registry.resolve("summary")
+        if model is None:  # R-FAIL-1: name the preference that points nowhere
+            missing = self.registry.missing_preferences("summary")
+            raise CompressionError(f"摘要模型 {missing[0]} 不可用" if missing else "没有可用的摘要模型")
+        old = await self.summary(session_id) or {}
+        old_text = str(old.get("text", ""))
+        record = await self.store.get_session(session_id)
+        template = choose_template(record, self.is_owner)
+        todos = None
+        if template.name == "work" and self.todos is not None:  # R-RUN-4
+            todos = [(i.status, i.title) for i in await self.todos.items(session_id)]
+        usage = self._latest_usage.get(session_id)
+        line = None
+        if usage is not None:  # R-BUD-1/6: the line of the latest usage, if any
+            at = await self.compress_at(session_id, usage.platform, usage.platform_type)
+            line = compression_line(at, usage.window, usage.trim_budget)
+        budget = compute_budget(
+            line=line,
+            ratio=self.config.memsum_summary_budget_ratio,
+            summary_window=model.context_window,
+            summary_max_output=model.max_output_tokens,
+            existing_summary_tokens=estimate_text_tokens(old_text),
+            units_tokens=sum(estimate_text_tokens(u.text) for u in units),
+        )
+        plan = ChunkPlan.start(
+            units=units,
+            template=template,
+            budget=budget,
+            summary_window=model.context_window,
+            existing_summary=old_text,
+            todos=todos,
+            est=ESTIMATORS,
+        )
+        effort = model.thinking_levels[0] if model.thinking_levels else None  # R-RUN-5: shallowest
+        while not plan.done:
+            request = plan.next_request()
+            reply = await self._ask(run, model, request.messages, request.max_tokens, effort, session_id)
+            plan = plan.after_reply(parse_reply(reply))
+        outcome = plan.result()
+        for warning in outcome.warnings:
+            logger.warning(f"memsum: {session_id}: {warning}")
+        before = estimate_text_tokens(old_text) + sum(
+            estimate_msg_tokens(m) for m in snapshot if m.is_conversation
+        )
+        return await self._commit(session_id, run, before, span, template.name, outcome.summary, outcome.kept)
+
+    async def _ask(
+        self,
+        run: _Run,
+        model: Any,
+        messages: list[dict[str, str]],
+        max_tokens: int,
+        effort: str | None,
+        sid: str,
+    ) -> str:
+        """One summary request, abandoned as soon as the session is cleared (R-MEM-3)."""
+        call = asyncio.ensure_future(
+            self.client.chat(
+                model,
+                messages,
+                purpose="摘要",
+                session_id=sid,
+                max_tokens=max_tokens,
+                reasoning_effort=effort,
+            )
+        )
+        cleared = asyncio.ensure_future(run.cancelled.wait())
+        try:
+            await asyncio.wait({call, cleared}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            cleared.cancel()
+        if not call.done():
+            call.cancel()
+            await asyncio.gather(call, return_exceptions=True)
+            raise _Cleared
+        try:
+            result = call.result()
+        except LLMLengthLimit:
+            raise CompressionError("摘要在输出上限处被截断") from None  # R-FAIL-1
+        except LLMError as err:
+            raise CompressionError(f"摘要模型出错：{err}") from err
+        if run.cancelled.is_set():
+            raise _Cleared
+        return result.content
+
+    async def _commit(
+        self,
+        session_id: str,
+        run: _Run,
+        tokens_before: int,
+        span: list[Message],
+        template: str,
+        summary: str,
+        kept: Sequence[Unit],
+    ) -> CompressionResult:
+        """R-RUN-11 in one transaction, never under a running turn, never beside a clear."""
+        async with self.agent.turn_lock(session_id), self._commit_locks[session_id]:
+            if run.cancelled.is_set():
+                raise _Cleared
+            run.committing = True
+            limit = int(
+                (await self.settings.effective("history_limit", session_id, **self._entry(session_id))).value
+            )
+            now = clock.now()
+            # One transaction: its steps are invisible to everyone else until COMMIT, so
+            # the summary is written once the kept count is known; a failed check rolls
+            # everything back, the previous summary included.
+            async with self.store.transaction() as tx:
+                current = await tx.get_history(session_id)
+                head = current[: len(span)]
+                if len(head) != len(span) or not all(map(same_item, head, span)):
+                    raise CompressionError(CHANGED)
+                after = sum(m.is_conversation for m in current[len(span) :])
+                final = apply_count_rule(kept, after, limit)  # R-BACK-2
+                kept_count = sum(m.is_conversation for u in final for m in u.messages)
+                await tx.put_meta(
+                    SUMMARY_NAMESPACE,
+                    session_id,
+                    {"text": summary, "template": template, "time": now, "kept_messages": kept_count},
+                )
+                archived = await tx.archive_span(session_id, len(span), kept_indexes(final))
+                await tx.append(
+                    session_id, Message(role="system", content=DIVIDER, event_marker=True, ts=now)
+                )
+                remaining = await tx.get_history(session_id)
+        after_tokens = estimate_text_tokens(summary) + sum(
+            estimate_msg_tokens(m) for m in remaining if m.is_conversation
+        )
+        return CompressionResult(
+            session_id,
+            "done",
+            tokens_before=tokens_before,
+            tokens_after=after_tokens,
+            kept_messages=kept_count,
+            archived=archived,
+            summary=summary,
+        )
+
+    def _entry(self, session_id: str) -> dict[str, str | None]:
+        usage = self._latest_usage.get(session_id)
+        return {
+            "entry_platform": usage.platform if usage else None,
+            "entry_type": usage.platform_type if usage else None,
+        }
