@@ -49,9 +49,15 @@ def get() -> Runtime:
 
 
 async def start(config: Config, db_path: Path, nicknames: list[str], superusers: set[str]) -> Runtime:
+    """Build the plugin's runtime once (idempotent) and make it the current one."""
     global _current
-    if _current is not None:
-        return _current
+    if _current is None:
+        _current = await build(config, db_path, nicknames, superusers)
+    return _current
+
+
+async def build(config: Config, db_path: Path, nicknames: list[str], superusers: set[str]) -> Runtime:
+    """Open the store and wire every part; tests build private ones with this."""
     await aload_encoding(config.memsum_tokenizer)
     store = Store(db_path)
     await store.open()
@@ -81,17 +87,20 @@ async def start(config: Config, db_path: Path, nicknames: list[str], superusers:
         is_owner=superusers.__contains__,  # R-TPL-3: the owner check is NoneBot's SUPERUSERS
     )
     compression.attach()
-    _current = Runtime(
+    return Runtime(
         config, store, registry, client, bus, settings, tools, todos, agent, compression, nicknames
     )
-    return _current
 
 
 async def stop() -> None:
+    """Close the current runtime (idempotent)."""
     global _current
     rt, _current = _current, None
-    if rt is None:
-        return
+    if rt is not None:
+        await close(rt)
+
+
+async def close(rt: Runtime) -> None:
     await rt.agent.shutdown()
     await rt.compression.shutdown()
     await rt.client.aclose()
