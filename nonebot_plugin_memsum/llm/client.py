@@ -11,8 +11,9 @@ Decisions:
   bad bodies: the request reached the model, so a retry costs a full reply again.
 - A stream must end with `[DONE]` after a finish reason; anything short of that is a
   cut (R-FAIL-1: the partial output is thrown away).
-- Failed calls record nothing in the ledger, `length` stops included; a ledger that
-  fails is logged and does not fail the call (the reply is already paid for).
+- Failed calls record nothing in the ledger, except `length` stops: the model did
+  answer, and the agent even uses such a reply. A ledger that fails is logged and
+  does not fail the call (the reply is already paid for).
 """
 
 from __future__ import annotations
@@ -156,6 +157,8 @@ class LLMClient:
                     f"{type(err).__name__}: {err}{'; retrying' if again else ''}"
                 )
                 if not again:
+                    if isinstance(err, LLMLengthLimit):
+                        await self._record(session_id, purpose, messages, err.result)  # it was paid for
                     raise
                 retry_after = err.retry_after if isinstance(err, LLMStatusError) else None
                 await self._sleep(self._retry.delay(attempt, retry_after, random.random()))
