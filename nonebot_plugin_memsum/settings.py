@@ -125,8 +125,8 @@ class Settings:
         self, parent_id: str, child_id: str, entry_platform: str | None, entry_type: str | None
     ) -> None:
         """R-CFG-3: a child writes down its parent's effective values once, then is independent."""
-        for name in SETTING_NAMES:
-            value = await self.effective(
-                name, parent_id, entry_platform=entry_platform, entry_type=entry_type
-            )
-            await self._store.set_setting("session", child_id, name, value.value)
+        entry = {"entry_platform": entry_platform, "entry_type": entry_type}
+        values = [(name, await self.effective(name, parent_id, **entry)) for name in SETTING_NAMES]
+        async with self._store.transaction() as tx:
+            for name, value in values:
+                await tx.set_setting("session", child_id, name, value.value)

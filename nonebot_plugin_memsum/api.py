@@ -1,0 +1,134 @@
+"""The library face of the plugin, for other NoneBot plugins.
+
+    from nonebot import require
+    require("nonebot_plugin_memsum")
+    from nonebot_plugin_memsum import api
+
+Everything here works once NoneBot has started (the plugin's runtime exists).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal, TypeVar
+
+from nonebot_plugin_memsum import clock, runtime
+from nonebot_plugin_memsum.agent.events import (
+    CompressionProgress,
+    EventBus,
+    Outcome,
+    TurnEnded,
+    TurnStarted,
+    UsageEvent,
+)
+from nonebot_plugin_memsum.agent.prompt import Prompt
+from nonebot_plugin_memsum.agent.tools import ToolFn
+from nonebot_plugin_memsum.agent.turn import Entry, ReplyFn
+from nonebot_plugin_memsum.compression.request import CompressionError
+from nonebot_plugin_memsum.compression.service import CompressionResult, SessionStatus
+from nonebot_plugin_memsum.types import Message, SessionRecord, ToolCall
+
+E = TypeVar("E")
+
+__all__ = [
+    "CompressionError",
+    "CompressionProgress",
+    "CompressionResult",
+    "Entry",
+    "Message",
+    "SessionRecord",
+    "SessionStatus",
+    "ToolCall",
+    "TurnEnded",
+    "TurnStarted",
+    "UsageEvent",
+    "build_prompt",
+    "child_session",
+    "clear",
+    "compress",
+    "contribute",
+    "history",
+    "internal_session",
+    "record",
+    "run_turn",
+    "status",
+    "subscribe",
+    "tool",
+]
+
+
+async def internal_session(session_id: str) -> SessionRecord:
+    """A session with no birth platform (scheduled tasks, other plugins' own work)."""
+    return await runtime.get().store.save_session(
+        SessionRecord(id=session_id, platform=None, kind="internal", created=clock.now())
+    )
+
+
+async def child_session(parent_id: str, session_id: str, entry: Entry = Entry()) -> SessionRecord:
+    """A session spawned from another; it copies the parent's effective settings once (R-CFG-3)."""
+    rt = runtime.get()
+    parent = await rt.store.get_session(parent_id)
+    record = await rt.store.save_session(
+        SessionRecord(
+            id=session_id,
+            platform=parent.platform if parent else None,
+            kind="child",
+            place=parent.place if parent else None,
+            parent=parent_id,
+            created=clock.now(),
+        )
+    )
+    await rt.settings.copy_from_parent(parent_id, session_id, entry.platform, entry.platform_type)
+    return record
+
+
+async def record(session: SessionRecord, message: Message) -> Message:
+    """Store one message in a session's history (creating the session on first use)."""
+    return await runtime.get().agent.record(session, message)
+
+
+async def history(session_id: str, limit: float = math.inf) -> list[Message]:
+    """The session's active history in storage order (the last `limit` messages)."""
+    return await runtime.get().store.get_history(session_id, limit)
+
+
+async def run_turn(session_id: str, reply: ReplyFn | None = None, entry: Entry = Entry()) -> Outcome:
+    """Run one agent turn now: the model answers the history; `reply` gets the text."""
+    return await runtime.get().agent.run_turn(session_id, reply, entry)
+
+
+async def build_prompt(session_id: str, entry: Entry = Entry()) -> Prompt:
+    """The prompt the next call would send: persona, contributions (summary in `context`), history."""
+    return await runtime.get().agent.build_prompt(session_id, entry)
+
+
+def contribute(anchor: str, fn: Callable[[str], Awaitable[str | None]]) -> None:
+    """Add a system part to every prompt under `anchor` (`context` is the last, before history)."""
+    runtime.get().agent.contribute(anchor, fn)
+
+
+def tool(name: str, description: str, parameters: dict[str, Any]) -> Callable[[ToolFn], ToolFn]:
+    """Decorator offering a function to the chat model as a tool."""
+    return runtime.get().tools.tool(name, description, parameters)
+
+
+def subscribe(event_type: type[E], handler: Callable[[E], Awaitable[None] | None]) -> Callable[[], None]:
+    """Listen to TurnStarted, TurnEnded, UsageEvent or CompressionProgress; returns an unsubscribe."""
+    bus: EventBus = runtime.get().bus
+    return bus.subscribe(event_type, handler)
+
+
+async def compress(session_id: str) -> CompressionResult:
+    """Compress now; raises CompressionError with a Chinese reason."""
+    return await runtime.get().compression.compress(session_id)
+
+
+async def clear(session_id: str, kind: Literal["context", "summary"] = "context") -> None:
+    """Forget the context (history and summary) or only the summary (R-MEM-2)."""
+    await runtime.get().compression.clear(session_id, kind)
+
+
+async def status(session_id: str) -> SessionStatus:
+    """Summary, last compression, usage against the line, back-off."""
+    return await runtime.get().compression.status(session_id)

@@ -1,0 +1,71 @@
+"""The library face for other plugins, on the plugin's own running runtime."""
+
+from collections.abc import Iterator
+
+import pytest
+
+from nonebot_plugin_memsum import api, runtime
+from nonebot_plugin_memsum.config import ModelConfig
+from tests.fakes.llm_server import Reply, ScriptedLLM
+
+
+@pytest.fixture
+def llm() -> Iterator[ScriptedLLM]:
+    rt = runtime.get()
+    with ScriptedLLM() as server:
+        rt.registry.set_models([ModelConfig(**server.model_config("api/model", context_window=16000))])
+        try:
+            yield server
+        finally:
+            rt.registry.set_models([])
+
+
+async def test_record_turn_prompt_history_and_events(llm: ScriptedLLM) -> None:
+    session = await api.internal_session("api:internal:1")
+    assert session.platform is None
+    await api.record(session, api.Message(role="user", content="[甲(1)] 今天几号？"))
+    seen: list[api.UsageEvent] = []
+    unsubscribe = api.subscribe(api.UsageEvent, seen.append)
+
+    async def extra(session_id: str) -> str | None:
+        return f"额外上下文 {session_id}" if session_id == session.id else None
+
+    api.contribute("plugin-x", extra)
+    llm.push(Reply("十二月二日"))
+    replies: list[str] = []
+
+    async def reply(text: str) -> None:
+        replies.append(text)
+
+    assert await api.run_turn(session.id, reply) == "replied"
+    unsubscribe()
+    assert replies == ["十二月二日"]
+    assert [e.turn_id is None for e in seen] == [True, False]
+    body = llm.requests[-1]["messages"]
+    assert body[1]["content"] == "额外上下文 api:internal:1"
+    assert body[-1] == {"role": "user", "content": "[甲(1)] 今天几号？"}
+    contents = [m.content for m in await api.history(session.id)]
+    assert contents == ["[甲(1)] 今天几号？", "十二月二日"]
+    prompt = await api.build_prompt(session.id)
+    assert prompt.messages[-1] == {"role": "assistant", "content": "十二月二日"}
+
+
+async def test_r_cfg_3_child_session_copies_parent_values_once() -> None:
+    rt = runtime.get()
+    parent = await api.internal_session("api:parent")
+    await rt.settings.set("compress_at", "session", parent.id, 0.4)
+    child = await api.child_session(parent.id, "api:child")
+    assert child.parent == parent.id
+    assert (await rt.settings.effective("compress_at", child.id)).value == 0.4
+    await rt.settings.set("compress_at", "session", parent.id, 0.9)
+    assert (await rt.settings.effective("compress_at", child.id)).value == 0.4
+
+
+async def test_clear_and_status_through_the_api() -> None:
+    session = await api.internal_session("api:clear")
+    await api.record(session, api.Message(role="user", content="hi"))
+    await api.clear(session.id, "context")
+    assert await api.history(session.id) == []
+    status = await api.status(session.id)
+    assert status.summary is None
+    assert status.active_messages == 0
