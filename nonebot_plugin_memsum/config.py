@@ -6,6 +6,7 @@ key and what it allows (R-CFG-1); `load_config` turns pydantic's error into that
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,9 @@ class ModelConfig(BaseModel):
     """The API root, e.g. `https://api.deepseek.com/v1` (…/chat/completions is appended)."""
     api_key: SecretStr = SecretStr("")
     """Sent as `Authorization: Bearer …`; never logged."""
+    api_key_env: str | None = None
+    """Name of an environment variable holding the key instead: it stays out of `.env`
+    (NoneBot prints every `.env` value at LOG_LEVEL=DEBUG)."""
     model: str = ""
     """The model name sent to the API; empty means the part of `id` after `/`."""
     context_window: int = Field(gt=0)
@@ -53,9 +57,14 @@ class ModelConfig(BaseModel):
     """Whether the model can hold a chat (summaries and replies need this)."""
 
     @model_validator(mode="after")
-    def _default_api_name(self) -> ModelConfig:
+    def _defaults(self) -> ModelConfig:
         if not self.model:
             object.__setattr__(self, "model", self.id.split("/", 1)[1])
+        if self.api_key_env:
+            key = os.environ.get(self.api_key_env)
+            if not key:
+                raise ValueError(f"environment variable {self.api_key_env} (api_key_env) is not set")
+            object.__setattr__(self, "api_key", SecretStr(key))
         return self
 
 

@@ -73,3 +73,12 @@ def test_model_name_defaults_to_the_part_after_the_slash() -> None:
 
 def test_empty_persona_means_the_built_in_one() -> None:
     assert parse_config({"memsum_persona": "  "}).memsum_persona == DEFAULT_PERSONA
+
+
+def test_api_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMSUM_TEST_KEY", "sk-from-env")
+    config = parse_config({"memsum_models": [{**MODEL, "api_key_env": "MEMSUM_TEST_KEY"}]})
+    assert config.memsum_models[0].api_key.get_secret_value() == "sk-from-env"
+    monkeypatch.delenv("MEMSUM_TEST_KEY")
+    with pytest.raises(ConfigError, match="MEMSUM_TEST_KEY"):
+        parse_config({"memsum_models": [{**MODEL, "api_key_env": "MEMSUM_TEST_KEY"}]})
