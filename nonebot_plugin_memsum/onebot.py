@@ -279,6 +279,8 @@ def register_matchers(priority: int) -> None:
     async def _(bot: Bot, event: MessageEvent) -> None:
         if not isinstance(event, GroupMessageEvent | PrivateMessageEvent):
             return
+        if str(event.user_id) == bot.self_id:
+            return  # the bot's own message echoed back: already stored as an assistant message
         record, _msg = await record_message(bot, event)
         if isinstance(event, PrivateMessageEvent) or event.is_tome():
             runtime.get().agent.request_turn(record.id, _replier(bot, event), entry_of(record))

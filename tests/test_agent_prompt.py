@@ -106,3 +106,19 @@ def test_r_inj_1_context_is_the_last_system_part_before_history() -> None:
     assert prompt.estimate == 31 + 20
     assert prompt.untrimmed_history == 20
     assert prompt.trimmed is False
+
+
+def test_huge_newest_message_is_cut_for_the_prompt_not_dropped() -> None:
+    huge = Message(role="user", content="字" * 50_000)
+    prompt = assemble(
+        ["persona"],
+        [user(0), huge],
+        history_limit=0,
+        trim_budget=1000,
+        estimate_msg=lambda m: len(m.content),
+        estimate_text=len,
+    )
+    assert prompt.trimmed is True
+    last = prompt.messages[-1]["content"]
+    assert last.startswith("字" * 100)
+    assert len(last) < 1000

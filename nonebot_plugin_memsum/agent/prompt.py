@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from nonebot_plugin_memsum.types import Message
@@ -153,6 +153,8 @@ def assemble(
         fixed += estimate_text(json.dumps(list(tools), ensure_ascii=False))
     untrimmed = sum(estimate_msg(m) for m in counted)
     kept, trimmed = hard_trim(counted, fixed, trim_budget, estimate_msg)
+    if not kept and counted and counted[-1].role in ("user", "notice"):
+        kept = [_cut_to_fit(counted[-1], trim_budget - fixed)]
     messages = [{"role": "system", "content": p} for p in system_parts if p]
     messages += [to_openai(m) for m in kept]
     return Prompt(
@@ -162,6 +164,16 @@ def assemble(
         untrimmed_history=untrimmed,
         trimmed=trimmed,
     )
+
+
+def _cut_to_fit(m: Message, tokens: int) -> Message:
+    """The newest message alone is over the budget: send its head rather than nothing.
+
+    One character per token undercounts no script (CJK is ~0.8 token a character), so
+    the cut text fits; the stored message stays whole.
+    """
+    keep = max(0, tokens - 16)
+    return replace(m, content=m.content[:keep] + "…（消息过长，已截断）")
 
 
 def trim_budget(window: int, trim_ratio: float, model_max_output: int | None, reply_max_tokens: int) -> int:
