@@ -55,6 +55,9 @@ class UsageEvent:
     untrimmed_history: int
     history_messages: int
     history_limit: int
+    line: int | None = None
+    """The effective compression line E = min(compress_at × window, trim budget), floored;
+    None when the session's compress_at is 0 (R-CFG-4)."""
 
 
 @dataclass(frozen=True, slots=True)

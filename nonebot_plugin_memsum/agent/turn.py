@@ -8,6 +8,7 @@ lost and nothing interleaves. Different sessions run concurrently.
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import uuid
 from collections import defaultdict
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from nonebot.log import logger
 
 from nonebot_plugin_memsum import clock
+from nonebot_plugin_memsum.compression.budget import compression_line
 from nonebot_plugin_memsum.config import Config
 from nonebot_plugin_memsum.llm import LLMClient, LLMError, LLMLengthLimit, Registry
 from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_text_tokens
@@ -204,6 +206,13 @@ class Agent:
         limit = await self.history_limit(session_id, entry)
         budget = self.trim_budget_of(model)
         reserve = self.reply_reserve(model.max_output_tokens)
+        compress_at = await self.settings.effective(
+            "compress_at", session_id, entry_platform=entry.platform, entry_type=entry.platform_type
+        )
+        line = None
+        if compress_at.value:  # R-CFG-4: 0 means no usage line
+            line = compression_line(compress_at.value, model.context_window, budget)
+
         at_start = await self.store.count_active(session_id)
         added = 0
         ctx = ToolContext(session_id)
@@ -231,6 +240,7 @@ class Agent:
                 "untrimmed_history": prompt.untrimmed_history,
                 "history_messages": at_start + added,
                 "history_limit": limit,
+                "line": math.floor(line) if line is not None else None,
             }
             await self.bus.emit(UsageEvent(turn_id=None, usage=prompt.estimate, **facts))
             try:
