@@ -6,12 +6,13 @@ from nonebot.plugin import PluginMetadata
 
 require("nonebot_plugin_localstore")
 
+from .commands import USAGE, register_commands
 from .config import Config, ConfigError, parse_config
 
 __plugin_meta__ = PluginMetadata(
     name="记忆摘要",
     description="群聊与私聊的 LLM 对话记忆：上下文快满时把历史压成结构化摘要，归档原文，之后每轮注入摘要",
-    usage="",
+    usage=USAGE,
     type="application",
     homepage="https://github.com/nonebot/nonebot-plugin-memsum",
     config=Config,
@@ -32,6 +33,7 @@ from . import runtime
 from .onebot import register_matchers
 
 _driver = get_driver()
+register_commands(plugin_config)
 register_matchers(plugin_config.memsum_chat_priority)
 
 
