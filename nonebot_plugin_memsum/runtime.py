@@ -9,13 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nonebot.log import logger
+
 from .agent.events import EventBus
 from .agent.tools import StoreTodoProvider, ToolRegistry, register_todo_tool
 from .agent.turn import Agent
 from .compression.service import CompressionService
 from .config import Config
 from .llm import LLMClient, Registry
-from .llm.tokens import aload_encoding
+from .llm.tokens import aload_encoding, encoding_name
 from .settings import Settings
 from .store import Store
 
@@ -53,6 +55,11 @@ async def start(config: Config, db_path: Path, nicknames: list[str], superusers:
     global _current
     if _current is None:
         _current = await build(config, db_path, nicknames, superusers)
+        chat, summary = _current.registry.resolve("chat"), _current.registry.resolve("summary")
+        logger.info(
+            f"memsum: database {db_path}; chat model {chat.id if chat else '-'}, "
+            f"summary model {summary.id if summary else '-'}; tokenizer {encoding_name()}"
+        )
     return _current
 
 
