@@ -439,35 +439,37 @@ class CompressionService:
         kept: Sequence[Unit],
     ) -> CompressionResult:
         """R-RUN-11 in one transaction, never under a running turn, never beside a clear."""
-        async with self.agent.turn_lock(session_id), self._commit_locks[session_id]:
+        async with self._commit_locks[session_id]:
             if run.cancelled.is_set():
                 raise _Cleared
+            # R-MEM-3: the model has answered, so from here a clear waits for this commit,
+            # also while the commit itself waits for a running turn to end (R-TRIG-5).
             run.committing = True
-            limit = int(
-                (await self.settings.effective("history_limit", session_id, **self._entry(session_id))).value
-            )
-            now = clock.now()
-            # One transaction: its steps are invisible to everyone else until COMMIT, so
-            # the summary is written once the kept count is known; a failed check rolls
-            # everything back, the previous summary included.
-            async with self.store.transaction() as tx:
-                current = await tx.get_history(session_id)
-                head = current[: len(span)]
-                if len(head) != len(span) or not all(map(same_item, head, span)):
-                    raise CompressionError(CHANGED)
-                after = sum(m.is_conversation for m in current[len(span) :])
-                final = apply_count_rule(kept, after, limit)  # R-BACK-2
-                kept_count = sum(m.is_conversation for u in final for m in u.messages)
-                await tx.put_meta(
-                    SUMMARY_NAMESPACE,
-                    session_id,
-                    {"text": summary, "template": template, "time": now, "kept_messages": kept_count},
-                )
-                archived = await tx.archive_span(session_id, len(span), kept_indexes(final))
-                await tx.append(
-                    session_id, Message(role="system", content=DIVIDER, event_marker=True, ts=now)
-                )
-                remaining = await tx.get_history(session_id)
+            async with self.agent.turn_lock(session_id):
+                entry = self._entry(session_id)
+                limit = int((await self.settings.effective("history_limit", session_id, **entry)).value)
+                now = clock.now()
+                # One transaction: its steps are invisible to everyone else until COMMIT, so
+                # the summary is written once the kept count is known; a failed check rolls
+                # everything back, the previous summary included.
+                async with self.store.transaction() as tx:
+                    current = await tx.get_history(session_id)
+                    head = current[: len(span)]
+                    if len(head) != len(span) or not all(map(same_item, head, span)):
+                        raise CompressionError(CHANGED)
+                    after = sum(m.is_conversation for m in current[len(span) :])
+                    final = apply_count_rule(kept, after, limit)  # R-BACK-2
+                    kept_count = sum(m.is_conversation for u in final for m in u.messages)
+                    await tx.put_meta(
+                        SUMMARY_NAMESPACE,
+                        session_id,
+                        {"text": summary, "template": template, "time": now, "kept_messages": kept_count},
+                    )
+                    archived = await tx.archive_span(session_id, len(span), kept_indexes(final))
+                    await tx.append(
+                        session_id, Message(role="system", content=DIVIDER, event_marker=True, ts=now)
+                    )
+                    remaining = await tx.get_history(session_id)
         after_tokens = estimate_text_tokens(summary) + sum(
             estimate_msg_tokens(m) for m in remaining if m.is_conversation
         )

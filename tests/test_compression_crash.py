@@ -1,0 +1,194 @@
+"""R-RUN-11 atomicity under SIGKILL: workers that append and compress in a loop are killed
+at random moments, again and again, on the same database file.
+
+Two workers share the file (sessions of their own), each killed and restarted in turn,
+so a kill also lands while the other process holds or waits for the write lock. After
+every kill, and at the end:
+- `PRAGMA integrity_check` is ok;
+- no message is lost: every message a worker reported as appended (it reports after the
+  commit) is stored exactly once, active or archived;
+- every session is in an old or a new state, never a mixture: without a summary nothing is
+  archived and no divider exists; with one, exactly one active divider, whose timestamp is
+  the summary's time (both written in one commit), every archived message is older than
+  it, and the active conversation before it is exactly the summary's kept originals.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+WORKER = Path(__file__).parent / "fakes" / "crash_worker.py"
+REPO = Path(__file__).resolve().parents[1]
+DIVIDER = "对话已压缩"
+KILLS_PER_WORKER = 26
+WORKERS = 2
+DELAY = (0.05, 0.6)
+"""Seconds between a worker's `ready` and its SIGKILL."""
+
+
+@dataclass
+class Reports:
+    """What the workers said has committed, shared by the threads that drive them."""
+
+    appended: dict[str, str] = field(default_factory=dict)
+    """content → session id"""
+    compressions: int = 0
+    failures: list[str] = field(default_factory=list)
+    """Compressions that failed: none should (each session works in order)."""
+    kills: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def take(self, lines: list[str]) -> None:
+        with self.lock:
+            for line in lines:
+                kind, _, rest = line.partition(" ")
+                if kind == "appended":
+                    sid, _, content = rest.partition(" ")
+                    assert content not in self.appended, f"a worker reused the content {content!r}"
+                    self.appended[content] = sid
+                elif kind == "compressed":
+                    self.compressions += 1
+                elif kind == "failed":
+                    self.failures.append(rest)
+
+    def snapshot(self) -> dict[str, str]:
+        with self.lock:
+            return dict(self.appended)
+
+
+class Worker:
+    """One worker process; its stdout lines are collected by a thread until EOF."""
+
+    def __init__(self, db: Path, slot: int, log: Path) -> None:
+        self.lines: list[str] = []
+        self.ready = threading.Event()
+        with log.open("ab") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(WORKER), str(db), str(slot)],
+                stdout=subprocess.PIPE,
+                stderr=err,
+                cwd=REPO,
+            )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.decode().rstrip("\n")
+            if line == "ready":
+                self.ready.set()
+            else:
+                self.lines.append(line)
+        self.ready.set()  # EOF: it will not become ready any more
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self._reader.join(10)
+
+
+def log_tail(log: Path) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+
+
+def lineage(db: Path, slot: int, log: Path, reports: Reports, seed: int) -> None:
+    """Start, kill at a random moment, check; again and again on the same file."""
+    rng = random.Random(seed)
+    for _ in range(KILLS_PER_WORKER):
+        worker = Worker(db, slot, log)
+        try:
+            started = worker.ready.wait(30) and worker.proc.poll() is None
+            assert started, f"worker {slot} did not start:\n{log_tail(log)}"
+            time.sleep(rng.uniform(*DELAY))
+            assert worker.proc.poll() is None, f"worker {slot} died on its own:\n{log_tail(log)}"
+        finally:
+            worker.kill()
+        assert worker.proc.returncode == -signal.SIGKILL
+        reports.take(worker.lines)
+        with reports.lock:
+            reports.kills += 1
+        check(db, reports.snapshot())
+
+
+@contextlib.contextmanager
+def reading(db: Path) -> Iterator[sqlite3.Connection]:
+    con = sqlite3.connect(db, timeout=10)
+    try:
+        con.execute("BEGIN")  # one snapshot for the whole check, though the other worker writes
+        yield con
+    finally:
+        con.close()
+
+
+def check(db: Path, appended: dict[str, str]) -> None:
+    with reading(db) as con:
+        assert con.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        stored: dict[str, int] = {}
+        for (content,) in con.execute("SELECT content FROM messages"):
+            stored[content] = stored.get(content, 0) + 1
+        lost = [c for c in appended if stored.get(c) != 1]
+        assert not lost, f"{len(lost)} reported messages missing or duplicated, e.g. {lost[:3]}"
+        for sid in sorted(set(appended.values())):
+            check_session(con, sid)
+
+
+def check_session(con: sqlite3.Connection, sid: str) -> None:
+    row = con.execute("SELECT value FROM metadata WHERE namespace = 'summary' AND key = ?", (sid,)).fetchone()
+    summary = json.loads(row[0]) if row else None
+    dividers = con.execute(
+        "SELECT id, ts, archived FROM messages WHERE session_id = ? AND event_marker = 1 AND content = ?",
+        (sid, DIVIDER),
+    ).fetchall()
+    archived = [
+        r[0] for r in con.execute("SELECT id FROM messages WHERE session_id = ? AND archived = 1", (sid,))
+    ]
+    if summary is None:
+        assert not dividers, f"{sid}: a divider without a summary"
+        assert not archived, f"{sid}: archived messages without a summary"
+        return
+    active = [(i, ts) for i, ts, was_archived in dividers if not was_archived]
+    assert len(active) == 1, f"{sid}: {len(active)} active dividers beside a summary"
+    divider_id, divider_ts = active[0]
+    assert divider_ts == summary["time"], f"{sid}: the summary and the divider are from different commits"
+    assert all(i < divider_id for i in archived), f"{sid}: archived a message newer than the divider"
+    kept = con.execute(
+        "SELECT COUNT(*) FROM messages WHERE session_id = ? AND archived = 0 AND event_marker = 0"
+        " AND role != 'system' AND id < ?",
+        (sid, divider_id),
+    ).fetchone()[0]
+    assert kept == summary["kept_messages"], f"{sid}: {kept} active before the divider, summary says kept"
+
+
+def test_r_run_11_sigkill_at_random_moments_leaves_the_old_or_the_new_state(tmp_path: Path) -> None:
+    db = tmp_path / "crash.db"
+    reports = Reports()
+    seed = random.randrange(2**32)
+    with ThreadPoolExecutor(WORKERS) as pool:
+        runs = [
+            pool.submit(lineage, db, slot, tmp_path / f"worker{slot}.log", reports, seed + slot)
+            for slot in range(1, WORKERS + 1)
+        ]
+        for run in runs:
+            try:
+                run.result()
+            except AssertionError as err:
+                raise AssertionError(f"(random seed {seed}) {err}") from err
+    check(db, reports.snapshot())
+    assert reports.kills == WORKERS * KILLS_PER_WORKER >= 50
+    assert reports.failures == []
+    # The kills hit a workload that really compresses (and really appends) all the time.
+    assert reports.compressions >= reports.kills, f"seed {seed}"
+    assert len(reports.appended) >= 10 * reports.kills, f"seed {seed}"
