@@ -152,7 +152,8 @@ class LLMClient:
                 result = await self._attempt(model, body, stream=stream)
             except LLMError as err:
                 again = attempt < self._max_retries and self._retry.retryable(err)
-                logger.warning(
+                # INFO: the caller reports the failure once, as the one warning (R-FAIL-1).
+                logger.info(
                     f"memsum: {purpose} call to {model.id} failed (attempt {attempt + 1}): "
                     f"{type(err).__name__}: {err}{'; retrying' if again else ''}"
                 )
