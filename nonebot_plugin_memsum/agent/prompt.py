@@ -26,33 +26,50 @@ def conversation(history: Sequence[Message]) -> list[Message]:
 
 
 def _group_spans(history: Sequence[Message]) -> list[tuple[int, int]]:
-    """(first, last) index of every tool-call group: the call and the results that answer it."""
+    """(first, last) index of every tool-call group: the call and the results that answer it.
+
+    One pass from the end (the latest result of each call id so far), so trimming a
+    long history stays linear.
+    """
     spans: list[tuple[int, int]] = []
-    for i, m in enumerate(history):
-        if m.role == "assistant" and m.tool_calls:
-            ids = {c.id for c in m.tool_calls}
-            last = i
-            for j in range(i + 1, len(history)):
-                if history[j].role == "tool" and history[j].tool_call_id in ids:
-                    last = j
-            spans.append((i, last))
+    latest: dict[str, int] = {}
+    for i in range(len(history) - 1, -1, -1):
+        m = history[i]
+        if m.role == "tool" and m.tool_call_id is not None:
+            latest.setdefault(m.tool_call_id, i)
+        elif m.role == "assistant" and m.tool_calls:
+            spans.append((i, max(i, *(latest.get(c.id, i) for c in m.tool_calls))))
+    spans.reverse()
     return spans
+
+
+def _jumps(history: Sequence[Message]) -> list[int]:
+    """For each index inside a group (after its call), the index right after the group."""
+    firsts = dict(_group_spans(history))
+    jump = list(range(len(history) + 1))
+    reach = -1
+    for k in range(1, len(history)):
+        reach = max(reach, firsts.get(k - 1, -1))
+        if reach >= k:
+            jump[k] = reach + 1
+    return jump
+
+
+def _safe_start(history: Sequence[Message], start: int, jump: list[int]) -> int:
+    i = max(0, start)
+    while i < len(history):
+        if jump[i] != i:
+            i = jump[i]
+        elif history[i].role == "tool":  # its call lies before the start: it would be orphaned
+            i += 1
+        else:
+            break
+    return min(i, len(history))
 
 
 def safe_start(history: Sequence[Message], start: int) -> int:
     """The first index ≥ start where the list may begin without splitting a group."""
-    spans = _group_spans(history)
-    i = start
-    moved = True
-    while moved and i < len(history):
-        moved = False
-        for first, last in spans:
-            if first < i <= last:
-                i, moved = last + 1, True
-        # a result whose call lies before the start would be orphaned
-        while i < len(history) and history[i].role == "tool":
-            i, moved = i + 1, True
-    return min(i, len(history))
+    return _safe_start(history, start, _jumps(history))
 
 
 def count_trim(history: Sequence[Message], limit: int) -> list[Message]:
@@ -71,15 +88,23 @@ def count_trim(history: Sequence[Message], limit: int) -> list[Message]:
 
 
 def hard_trim(
-    history: Sequence[Message], fixed_tokens: int, budget: int, estimate: Callable[[Message], int]
+    history: Sequence[Message],
+    fixed_tokens: int,
+    budget: int,
+    estimate: Callable[[Message], int],
+    costs: Sequence[int] | None = None,
 ) -> tuple[list[Message], bool]:
-    """Drop the oldest history until fixed parts + history fit `budget`; report whether it dropped."""
+    """Drop the oldest history until fixed parts + history fit `budget`; report whether it dropped.
+
+    `costs`, when given, are the estimates of `history` already made.
+    """
     kept = list(history)
-    costs = [estimate(m) for m in kept]
+    costs = [estimate(m) for m in kept] if costs is None else costs
+    jump = _jumps(kept)
     total = fixed_tokens + sum(costs)
     start = 0
     while total > budget and start < len(kept):
-        nxt = safe_start(kept, start + 1)
+        nxt = _safe_start(kept, start + 1, jump)
         total -= sum(costs[start:nxt])
         start = nxt
     return kept[start:], start > 0
@@ -97,7 +122,8 @@ def sendable(history: Sequence[Message]) -> list[Message]:
                 called.update(c.id for c in m.tool_calls)
                 out.append(m)
             elif m.content:
-                out.append(Message(role="assistant", content=m.content, ts=m.ts, id=m.id))
+                # No id: the copy is not the stored message (estimates are cached by id).
+                out.append(Message(role="assistant", content=m.content, ts=m.ts))
         elif m.role == "tool":
             if m.tool_call_id in called:
                 out.append(m)
@@ -151,29 +177,38 @@ def assemble(
     fixed = sum(estimate_text(p) + 4 for p in system_parts if p)
     if tools:
         fixed += estimate_text(json.dumps(list(tools), ensure_ascii=False))
-    untrimmed = sum(estimate_msg(m) for m in counted)
-    kept, trimmed = hard_trim(counted, fixed, trim_budget, estimate_msg)
+    costs = [estimate_msg(m) for m in counted]
+    untrimmed = sum(costs)
+    kept, trimmed = hard_trim(counted, fixed, trim_budget, estimate_msg, costs)
+    kept_tokens = sum(costs[len(counted) - len(kept) :])  # kept is a tail of counted
     if not kept and counted and counted[-1].role in ("user", "notice"):
-        kept = [_cut_to_fit(counted[-1], trim_budget - fixed)]
+        kept = [_cut_to_fit(counted[-1], trim_budget - fixed, estimate_msg)]
+        kept_tokens = estimate_msg(kept[0])
     messages = [{"role": "system", "content": p} for p in system_parts if p]
     messages += [to_openai(m) for m in kept]
     return Prompt(
         messages=messages,
         history=kept,
-        estimate=fixed + sum(estimate_msg(m) for m in kept),
+        estimate=fixed + kept_tokens,
         untrimmed_history=untrimmed,
         trimmed=trimmed,
     )
 
 
-def _cut_to_fit(m: Message, tokens: int) -> Message:
+def _cut_to_fit(m: Message, tokens: int, estimate: Callable[[Message], int]) -> Message:
     """The newest message alone is over the budget: send its head rather than nothing.
 
-    One character per token undercounts no script (CJK is ~0.8 token a character), so
-    the cut text fits; the stored message stays whole.
+    Characters per token vary by script (rare CJK takes ~2 tokens a character, emoji up
+    to 4), so the head is measured, shrinking in proportion until it fits; the stored
+    message stays whole.
     """
-    keep = max(0, tokens - 16)
-    return replace(m, content=m.content[:keep] + "…（消息过长，已截断）")
+    keep = min(len(m.content), max(0, tokens))
+    while True:
+        cut = replace(m, content=m.content[:keep] + "…（消息过长，已截断）", id=None)
+        cost = estimate(cut)
+        if cost <= tokens or keep == 0:
+            return cut
+        keep = min(keep - 1, keep * tokens // cost)
 
 
 def trim_budget(window: int, trim_ratio: float, model_max_output: int | None, reply_max_tokens: int) -> int:

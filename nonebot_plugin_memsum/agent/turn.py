@@ -36,6 +36,9 @@ SILENT_MARK = "[不回复]"
 SILENT_RECORD = "（助手本轮选择不回复）"
 # Models imitate the `[昵称(ID)] ` labels they see; the bot never labels itself.
 _ECHOED_LABEL = re.compile(r"^\s*\[[^\[\]\n]{0,64}\(\d+\)\]\s*")
+TOKEN_CACHE_SIZE = 1 << 18
+"""Token estimates remembered per stored message (~20 MB at most): re-encoding every
+message of the history with tiktoken on every turn was most of a turn's CPU time."""
 
 
 class NoChatModel(Exception):
@@ -71,6 +74,7 @@ class Agent:
     _locks: defaultdict[str, asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
     _workers: dict[str, _Worker] = field(default_factory=dict)
     _contributions: dict[str, list[Contribution]] = field(default_factory=dict)
+    _tokens: dict[int, int] = field(default_factory=dict)
 
     # ---- public API -------------------------------------------------------------
     def contribute(self, anchor: str, fn: Contribution) -> None:
@@ -142,9 +146,23 @@ class Agent:
             history_limit=limit,
             trim_budget=budget,
             tools=self.tools.schemas() if with_tools else (),
-            estimate_msg=estimate_msg_tokens,
+            estimate_msg=self._estimate_msg,
             estimate_text=estimate_text_tokens,
         )
+
+    def _estimate_msg(self, m: Message) -> int:
+        """`estimate_msg_tokens`, remembered by message id: a stored message never changes,
+        and the prompt's derived copies (cut, stripped of unanswered calls) carry no id."""
+        if m.id is None:
+            return estimate_msg_tokens(m)
+        tokens = self._tokens.get(m.id)
+        if tokens is None:
+            if len(self._tokens) >= TOKEN_CACHE_SIZE:
+                # Start afresh: evicting one by one from a dict's front turns next(iter())
+                # into a scan over the deleted slots; busy sessions re-warm within a turn.
+                self._tokens.clear()
+            tokens = self._tokens[m.id] = estimate_msg_tokens(m)
+        return tokens
 
     async def history_limit(self, session_id: str, entry: Entry) -> int:
         resolved = await self.settings.effective(
@@ -213,20 +231,22 @@ class Agent:
         if compress_at.value:  # R-CFG-4: 0 means no usage line
             line = compression_line(compress_at.value, model.context_window, budget)
 
-        at_start = await self.store.count_active(session_id)
+        at_start: int | None = None
         added = 0
         ctx = ToolContext(session_id)
         for round_no in range(self.config.memsum_max_tool_rounds + 1):
             offer_tools = round_no < self.config.memsum_max_tool_rounds
             tools = self.tools.schemas() if offer_tools else []
             history = await self.store.get_history(session_id)
+            if at_start is None:  # R-TRIG-4: the store's count_active, without another query
+                at_start = sum(m.is_conversation for m in history)
             prompt = assemble(
                 await self.system_parts(session_id),
                 history,
                 history_limit=limit,
                 trim_budget=budget,
                 tools=tools,
-                estimate_msg=estimate_msg_tokens,
+                estimate_msg=self._estimate_msg,
                 estimate_text=estimate_text_tokens,
             )
             facts = {
