@@ -96,6 +96,29 @@ class Settings:
         self._store = store
         self._config = config
 
+    async def effective_all(
+        self, session_id: str, *, entry_platform: str | None = None, entry_type: str | None = None
+    ) -> dict[SettingName, Resolved]:
+        """Both settings of a session, from two reads (the record is cached by the store)."""
+        record = await self._store.get_session(session_id)
+        platform_key, type_key = tier_keys(record, entry_platform, entry_type)
+        place = place_key(record) if record else None
+        place_values = await self._store.get_settings("place", place) if place else {}
+        session_values = await self._store.get_settings("session", session_id)
+        tiers = self._config.memsum_tiers
+        return {
+            name: resolve(
+                name,
+                self._config,
+                tiers,
+                platform_key,
+                type_key,
+                place_values.get(name),
+                session_values.get(name),
+            )
+            for name in SETTING_NAMES
+        }
+
     async def effective(
         self,
         name: SettingName,
@@ -104,14 +127,8 @@ class Settings:
         entry_platform: str | None = None,
         entry_type: str | None = None,
     ) -> Resolved:
-        record = await self._store.get_session(session_id)
-        platform_key, type_key = tier_keys(record, entry_platform, entry_type)
-        place = place_key(record) if record else None
-        place_value = await self._store.get_setting("place", place, name) if place else None
-        session_value = await self._store.get_setting("session", session_id, name)
-        return resolve(
-            name, self._config, self._config.memsum_tiers, platform_key, type_key, place_value, session_value
-        )
+        resolved = await self.effective_all(session_id, entry_platform=entry_platform, entry_type=entry_type)
+        return resolved[name]
 
     async def set(
         self, name: SettingName, scope: Literal["session", "place"], key: str, value: float

@@ -397,14 +397,14 @@ async def test_r_cfg_2_superuser_sets_and_resets_compress_at_for_the_session(app
         group_msg("/压缩线 0.3", group),
         f"已将本会话的压缩线设为 0.3。\n现在：压缩线 0.3（本会话）；{NO_USAGE}",
     )
-    assert await runtime.get().store.get_setting("session", sid, "compress_at") == 0.3
+    assert (await runtime.get().store.get_settings("session", sid)).get("compress_at") == 0.3
     await run(app, group_msg("/压缩线", group), f"压缩线 0.3（本会话）；{NO_USAGE}")
     await run(
         app,
         group_msg("/压缩线 默认", group),
         f"已恢复本会话的压缩线为默认。\n现在：压缩线 0.8（全局配置）；{NO_USAGE}",
     )
-    assert await runtime.get().store.get_setting("session", sid, "compress_at") is None
+    assert (await runtime.get().store.get_settings("session", sid)).get("compress_at") is None
 
 
 async def test_r_cfg_2_group_layer_is_set_with_qun_and_the_session_still_wins(app: App) -> None:
@@ -462,7 +462,7 @@ async def test_r_cfg_6_history_limit_set_show_and_reset(app: App) -> None:
         group_msg("/条数线 20", group),
         "已将本会话的条数线设为 20。\n现在：条数线 20（本会话）；当前 2 条",
     )
-    assert await runtime.get().store.get_setting("session", sid, "history_limit") == 20
+    assert (await runtime.get().store.get_settings("session", sid)).get("history_limit") == 20
     await run(
         app,
         group_msg("/条数线 群 30", group),
@@ -499,8 +499,8 @@ async def test_r_cfg_2_bad_values_are_refused_with_the_range_and_nothing_changes
     await run(app, group_msg(text, group), answer)
     store = runtime.get().store
     for name in ("compress_at", "history_limit"):
-        assert await store.get_setting("session", sid, name) is None
-        assert await store.get_setting("place", f"onebot:group:{group}", name) is None
+        assert (await store.get_settings("session", sid)).get(name) is None
+        assert (await store.get_settings("place", f"onebot:group:{group}")).get(name) is None
 
 
 async def test_r_cfg_2_no_group_layer_in_private(app: App) -> None:
@@ -521,8 +521,8 @@ async def test_r_cfg_2_group_admins_may_look_but_not_change(
     await run(app, group_msg(text, group, user=20002, role=role), REFUSED_CHANGE)
     rt = runtime.get()
     assert (await rt.settings.effective("compress_at", sid)).value == 0.7
-    assert await rt.store.get_setting("session", sid, "compress_at") is None
-    assert await rt.store.get_setting("session", sid, "history_limit") is None
+    assert (await rt.store.get_settings("session", sid)).get("compress_at") is None
+    assert (await rt.store.get_settings("session", sid)).get("history_limit") is None
 
 
 # ---- /清除 ------------------------------------------------------------------------------

@@ -185,7 +185,7 @@ async def test_r_cfg_2_out_of_range_is_refused_and_nothing_is_stored(
 ) -> None:
     with pytest.raises(ValueError, match="之间"):
         await settings.set(name, "session", GROUP.id, bad)
-    assert await store.get_setting("session", GROUP.id, name) is None
+    assert (await store.get_settings("session", GROUP.id)).get(name) is None
     assert (await settings.effective(name, GROUP.id)).layer == "platform_type"
 
 

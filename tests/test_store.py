@@ -471,15 +471,15 @@ async def test_settings_set_get_replace_delete(store: Store) -> None:
 
     await store.set_setting("session", SID, "compress_at", 0.6)
     await store.set_setting("place", "123", "compress_at", 0.7)
-    assert await store.get_setting("session", SID, "compress_at") == 0.6
-    assert await store.get_setting("place", "123", "compress_at") == 0.7
-    assert await store.get_setting("session", SID, "history_limit") is None
+    assert (await store.get_settings("session", SID)).get("compress_at") == 0.6
+    assert (await store.get_settings("place", "123")).get("compress_at") == 0.7
+    assert (await store.get_settings("session", SID)).get("history_limit") is None
 
     await store.set_setting("session", SID, "compress_at", 0.5)
-    assert await store.get_setting("session", SID, "compress_at") == 0.5
+    assert (await store.get_settings("session", SID)).get("compress_at") == 0.5
     await store.delete_setting("session", SID, "compress_at")
-    assert await store.get_setting("session", SID, "compress_at") is None
-    assert await store.get_setting("place", "123", "compress_at") == 0.7
+    assert (await store.get_settings("session", SID)).get("compress_at") is None
+    assert (await store.get_settings("place", "123")).get("compress_at") == 0.7
 
     with pytest.raises(StoreError, match="scope"):
         await store.set_setting("group", "123", "compress_at", 0.1)
@@ -544,7 +544,7 @@ async def test_data_survives_close_and_reopen(tmp_path: Path) -> None:
         assert await reopened.get_history(SID) == stored[1:]
         assert await reopened.get_archived(SID) == stored[:1]
         assert await reopened.get_meta(SUMMARY_NAMESPACE, SID) == "摘要"
-        assert await reopened.get_setting("session", SID, "history_limit") == 40
+        assert (await reopened.get_settings("session", SID)).get("history_limit") == 40
         assert await reopened.usage_totals(SID) == {"chat": (3, 4)}
         later = await reopened.append(SID, _msg("later", ts=9.0))
         assert (later.id or 0) > (stored[-1].id or 0) > 0

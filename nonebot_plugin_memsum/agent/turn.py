@@ -221,12 +221,12 @@ class Agent:
         model = self.registry.resolve("chat")
         if model is None:
             raise NoChatModel
-        limit = await self.history_limit(session_id, entry)
+        settings = await self.settings.effective_all(
+            session_id, entry_platform=entry.platform, entry_type=entry.platform_type
+        )
+        limit, compress_at = int(settings["history_limit"].value), settings["compress_at"]
         budget = self.trim_budget_of(model)
         reserve = self.reply_reserve(model.max_output_tokens)
-        compress_at = await self.settings.effective(
-            "compress_at", session_id, entry_platform=entry.platform, entry_type=entry.platform_type
-        )
         line = None
         if compress_at.value:  # R-CFG-4: 0 means no usage line
             line = compression_line(compress_at.value, model.context_window, budget)

@@ -279,12 +279,12 @@ class Tx:
             )
         await self.delete_meta(SUMMARY_NAMESPACE, session_id)
 
-    async def get_setting(self, scope: str, scope_key: str, name: str) -> Any | None:
+    async def get_settings(self, scope: str, scope_key: str) -> dict[str, Any]:
+        """Every setting stored for one scope key, by name."""
         rows = await self._fetch(
-            "SELECT value FROM settings WHERE scope = ? AND scope_key = ? AND name = ?",
-            (scope, scope_key, name),
+            "SELECT name, value FROM settings WHERE scope = ? AND scope_key = ?", (scope, scope_key)
         )
-        return json.loads(rows[0][0]) if rows else None
+        return {name: json.loads(value) for name, value in rows}
 
     async def set_setting(self, scope: str, scope_key: str, name: str, value: Any) -> None:
         _check_scope(scope)
@@ -327,6 +327,8 @@ class Store:
         self._lock = asyncio.Lock()
         self._owner: asyncio.Task[Any] | None = None
         """The task inside `transaction()`, to refuse a nested call that would wait on itself."""
+        self._sessions: dict[str, SessionRecord] = {}
+        """Session records seen; they never change once written."""
 
     @property
     def path(self) -> Path:
@@ -416,24 +418,60 @@ class Store:
             finally:
                 self._owner = None
 
+    @contextlib.asynccontextmanager
+    async def _reading(self) -> AsyncIterator[Tx]:
+        """One read statement behind the lock, outside any transaction.
+
+        A lone SELECT is consistent on its own; the lock keeps it from seeing another
+        coroutine's uncommitted writes on the shared connection. Skipping BEGIN and
+        COMMIT saves two trips to the database thread on the per-message path.
+        """
+        self._refuse_nested()
+        async with self._lock:
+            db = self._db
+            if db is None:
+                raise StoreError("store is not open")
+            tx = Tx(db)
+            self._owner = asyncio.current_task()
+            try:
+                yield tx
+            except sqlite3.Error as err:
+                raise StoreError(f"store read failed: {err}") from err
+            finally:
+                tx._end()
+                self._owner = None
+
     async def save_session(self, rec: SessionRecord) -> SessionRecord:
+        # Records are never changed once written (the first write wins), so a known
+        # one needs no write: recording a message costs one transaction, not two.
+        known = self._sessions.get(rec.id)
+        if known is not None:
+            return known
         async with self.transaction() as tx:
-            return await tx.save_session(rec)
+            stored = await tx.save_session(rec)
+        self._sessions[rec.id] = stored
+        return stored
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
-        async with self.transaction() as tx:
-            return await tx.get_session(session_id)
+        known = self._sessions.get(session_id)
+        if known is not None:
+            return known
+        async with self._reading() as tx:
+            stored = await tx.get_session(session_id)
+        if stored is not None:
+            self._sessions[session_id] = stored
+        return stored
 
     async def append(self, session_id: str, msg: Message) -> Message:
         async with self.transaction() as tx:
             return await tx.append(session_id, msg)
 
     async def get_history(self, session_id: str, limit: float = math.inf) -> list[Message]:
-        async with self.transaction() as tx:
+        async with self._reading() as tx:
             return await tx.get_history(session_id, limit)
 
     async def count_active(self, session_id: str) -> int:
-        async with self.transaction() as tx:
+        async with self._reading() as tx:
             return await tx.count_active(session_id)
 
     async def archive_span(self, session_id: str, count: int, keep: Collection[int] = ()) -> int:
@@ -441,11 +479,11 @@ class Store:
             return await tx.archive_span(session_id, count, keep)
 
     async def get_archived(self, session_id: str, limit: float = math.inf) -> list[Message]:
-        async with self.transaction() as tx:
+        async with self._reading() as tx:
             return await tx.get_archived(session_id, limit)
 
     async def get_meta(self, namespace: str, key: str) -> Any | None:
-        async with self.transaction() as tx:
+        async with self._reading() as tx:
             return await tx.get_meta(namespace, key)
 
     async def put_meta(self, namespace: str, key: str, value: Any) -> None:
@@ -460,9 +498,9 @@ class Store:
         async with self.transaction() as tx:
             await tx.clear(session_id, kind)
 
-    async def get_setting(self, scope: str, scope_key: str, name: str) -> Any | None:
-        async with self.transaction() as tx:
-            return await tx.get_setting(scope, scope_key, name)
+    async def get_settings(self, scope: str, scope_key: str) -> dict[str, Any]:
+        async with self._reading() as tx:
+            return await tx.get_settings(scope, scope_key)
 
     async def set_setting(self, scope: str, scope_key: str, name: str, value: Any) -> None:
         async with self.transaction() as tx:
@@ -479,7 +517,7 @@ class Store:
             await tx.record_usage(session_id, purpose, model, tokens_in, tokens_out)
 
     async def usage_totals(self, session_id: str) -> dict[str, tuple[int, int]]:
-        async with self.transaction() as tx:
+        async with self._reading() as tx:
             return await tx.usage_totals(session_id)
 
 
