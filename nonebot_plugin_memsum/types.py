@@ -39,6 +39,9 @@ class Message:
     metadata: Mapping[str, Any] = field(default_factory=dict, hash=False)
     event_marker: bool = False
     id: int | None = None
+    tokens: int | None = field(default=None, compare=False)
+    """The token estimate taken when it was stored (None: unknown), so a prompt over a
+    long history does not re-tokenise it after a restart."""
 
     @property
     def is_conversation(self) -> bool:

@@ -204,7 +204,7 @@ def _cut_to_fit(m: Message, tokens: int, estimate: Callable[[Message], int]) -> 
     """
     keep = min(len(m.content), max(0, tokens))
     while True:
-        cut = replace(m, content=m.content[:keep] + "…（消息过长，已截断）", id=None)
+        cut = replace(m, content=m.content[:keep] + "…（消息过长，已截断）", id=None, tokens=None)
         cost = estimate(cut)
         if cost <= tokens or keep == 0:
             return cut

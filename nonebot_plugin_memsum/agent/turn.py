@@ -13,7 +13,7 @@ import re
 import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from nonebot.log import logger
 
@@ -36,9 +36,6 @@ SILENT_MARK = "[不回复]"
 SILENT_RECORD = "（助手本轮选择不回复）"
 # Models imitate the `[昵称(ID)] ` labels they see; the bot never labels itself.
 _ECHOED_LABEL = re.compile(r"^\s*\[[^\[\]\n]{0,64}\(\d+\)\]\s*")
-TOKEN_CACHE_SIZE = 1 << 18
-"""Token estimates remembered per stored message (~20 MB at most): re-encoding every
-message of the history with tiktoken on every turn was most of a turn's CPU time."""
 
 
 class NoChatModel(Exception):
@@ -74,7 +71,6 @@ class Agent:
     _locks: defaultdict[str, asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
     _workers: dict[str, _Worker] = field(default_factory=dict)
     _contributions: dict[str, list[Contribution]] = field(default_factory=dict)
-    _tokens: dict[int, int] = field(default_factory=dict)
 
     # ---- public API -------------------------------------------------------------
     def contribute(self, anchor: str, fn: Contribution) -> None:
@@ -91,7 +87,7 @@ class Agent:
     async def record(self, session: SessionRecord, msg: Message) -> Message:
         """Store one message of a session (creating the session record on first use)."""
         await self.store.save_session(session)
-        return await self.store.append(session.id, msg)
+        return await self._append(session.id, msg)
 
     def request_turn(self, session_id: str, reply: ReplyFn, entry: Entry = Entry()) -> None:
         """Answer this session soon: now, or right after the turn in progress."""
@@ -146,23 +142,13 @@ class Agent:
             history_limit=limit,
             trim_budget=budget,
             tools=self.tools.schemas() if with_tools else (),
-            estimate_msg=self._estimate_msg,
+            estimate_msg=estimate_stored,
             estimate_text=estimate_text_tokens,
         )
 
-    def _estimate_msg(self, m: Message) -> int:
-        """`estimate_msg_tokens`, remembered by message id: a stored message never changes,
-        and the prompt's derived copies (cut, stripped of unanswered calls) carry no id."""
-        if m.id is None:
-            return estimate_msg_tokens(m)
-        tokens = self._tokens.get(m.id)
-        if tokens is None:
-            if len(self._tokens) >= TOKEN_CACHE_SIZE:
-                # Start afresh: evicting one by one from a dict's front turns next(iter())
-                # into a scan over the deleted slots; busy sessions re-warm within a turn.
-                self._tokens.clear()
-            tokens = self._tokens[m.id] = estimate_msg_tokens(m)
-        return tokens
+    def _append(self, session_id: str, msg: Message) -> Awaitable[Message]:
+        """Store a message with its token estimate, taken once here (Message.tokens)."""
+        return self.store.append(session_id, replace(msg, tokens=estimate_msg_tokens(msg)))
 
     async def history_limit(self, session_id: str, entry: Entry) -> int:
         resolved = await self.settings.effective(
@@ -246,7 +232,7 @@ class Agent:
                 history_limit=limit,
                 trim_budget=budget,
                 tools=tools,
-                estimate_msg=self._estimate_msg,
+                estimate_msg=estimate_stored,
                 estimate_text=estimate_text_tokens,
             )
             facts = {
@@ -277,7 +263,7 @@ class Agent:
             used = result.usage.prompt_tokens if result.usage else prompt.estimate
             await self.bus.emit(UsageEvent(turn_id=turn_id, usage=used, **facts))
             if result.tool_calls and offer_tools:
-                await self.store.append(
+                await self._append(
                     session_id,
                     Message(
                         role="assistant", content=result.content, tool_calls=result.tool_calls, ts=clock.now()
@@ -290,12 +276,12 @@ class Agent:
                 continue
             text = _ECHOED_LABEL.sub("", result.content.strip())
             if not text or text == SILENT_MARK:
-                await self.store.append(
+                await self._append(
                     session_id,
                     Message(role="system", content=SILENT_RECORD, event_marker=True, ts=clock.now()),
                 )
                 return "silent"
-            await self.store.append(session_id, Message(role="assistant", content=text, ts=clock.now()))
+            await self._append(session_id, Message(role="assistant", content=text, ts=clock.now()))
             if reply is not None:
                 await _quietly(reply, text)
             return "replied"
@@ -303,10 +289,15 @@ class Agent:
 
     async def _run_tool(self, ctx: ToolContext, call: ToolCall) -> None:
         output = await self.tools.call(ctx, call.name, call.arguments)
-        await self.store.append(
+        await self._append(
             ctx.session_id,
             Message(role="tool", content=output, name=call.name, tool_call_id=call.id, ts=clock.now()),
         )
+
+
+def estimate_stored(m: Message) -> int:
+    """The estimate taken when the message was stored; computed for older rows and copies."""
+    return m.tokens if m.tokens is not None else estimate_msg_tokens(m)
 
 
 async def _quietly(reply: ReplyFn, text: str) -> None:

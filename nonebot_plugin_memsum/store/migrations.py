@@ -97,7 +97,13 @@ async def _m001_initial(db: aiosqlite.Connection) -> None:
     await db.execute("CREATE INDEX ledger_by_session ON ledger (session_id, purpose)")
 
 
-MIGRATIONS: tuple[Migration, ...] = (_m001_initial,)
+async def _m002_message_tokens(db: aiosqlite.Connection) -> None:
+    # Each message's token estimate, taken once when it is stored: assembling a prompt
+    # re-tokenised the whole active history after every restart, most of a cold turn.
+    await db.execute("ALTER TABLE messages ADD COLUMN tokens INTEGER")
+
+
+MIGRATIONS: tuple[Migration, ...] = (_m001_initial, _m002_message_tokens)
 
 
 async def migrate(db: aiosqlite.Connection, migrations: Sequence[Migration] = MIGRATIONS) -> int:

@@ -41,7 +41,7 @@ _CONNECTION_PRAGMAS = (
     "PRAGMA busy_timeout = 5000",
 )
 
-_MESSAGE_COLUMNS = "id, role, content, name, tool_calls, tool_call_id, ts, metadata, event_marker"
+_MESSAGE_COLUMNS = "id, role, content, name, tool_calls, tool_call_id, ts, metadata, event_marker, tokens"
 _SESSION_COLUMNS = "id, platform, kind, place, peer, parent, room_class, created"
 
 
@@ -75,12 +75,13 @@ def _message_params(session_id: str, msg: Message, ts: float) -> tuple[Any, ...]
         ts,
         metadata,
         int(msg.event_marker),
+        msg.tokens,
     )
 
 
 def _message_from_row(row: tuple[Any, ...]) -> Message:
     # Positional unpacking: this runs for every message of every prompt.
-    msg_id, role, content, name, calls, call_id, ts, metadata, marker = row
+    msg_id, role, content, name, calls, call_id, ts, metadata, marker, tokens = row
     return Message(
         id=msg_id,
         role=role,
@@ -95,6 +96,7 @@ def _message_from_row(row: tuple[Any, ...]) -> Message:
         ts=ts,
         metadata=json.loads(metadata) if metadata else {},
         event_marker=bool(marker),
+        tokens=tokens,
     )
 
 
@@ -193,7 +195,7 @@ class Tx:
         ts = msg.ts or clock.now()
         new_id = await self._insert(
             "INSERT INTO messages (session_id, role, content, name, tool_calls, tool_call_id, ts, metadata,"
-            " event_marker) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " event_marker, tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             _message_params(session_id, msg, ts),
         )
         return replace(msg, id=new_id, ts=ts)
@@ -419,11 +421,12 @@ class Store:
                 self._owner = None
 
     @contextlib.asynccontextmanager
-    async def _reading(self) -> AsyncIterator[Tx]:
-        """One read statement behind the lock, outside any transaction.
+    async def _statement(self) -> AsyncIterator[Tx]:
+        """One statement behind the lock, outside any explicit transaction.
 
-        A lone SELECT is consistent on its own; the lock keeps it from seeing another
-        coroutine's uncommitted writes on the shared connection. Skipping BEGIN and
+        In autocommit mode a lone statement is atomic and durable on its own (a write
+        commits as it ends); the lock keeps it from seeing or joining another
+        coroutine's open transaction on the shared connection. Skipping BEGIN and
         COMMIT saves two trips to the database thread on the per-message path.
         """
         self._refuse_nested()
@@ -456,22 +459,22 @@ class Store:
         known = self._sessions.get(session_id)
         if known is not None:
             return known
-        async with self._reading() as tx:
+        async with self._statement() as tx:
             stored = await tx.get_session(session_id)
         if stored is not None:
             self._sessions[session_id] = stored
         return stored
 
     async def append(self, session_id: str, msg: Message) -> Message:
-        async with self.transaction() as tx:
+        async with self._statement() as tx:
             return await tx.append(session_id, msg)
 
     async def get_history(self, session_id: str, limit: float = math.inf) -> list[Message]:
-        async with self._reading() as tx:
+        async with self._statement() as tx:
             return await tx.get_history(session_id, limit)
 
     async def count_active(self, session_id: str) -> int:
-        async with self._reading() as tx:
+        async with self._statement() as tx:
             return await tx.count_active(session_id)
 
     async def archive_span(self, session_id: str, count: int, keep: Collection[int] = ()) -> int:
@@ -479,19 +482,19 @@ class Store:
             return await tx.archive_span(session_id, count, keep)
 
     async def get_archived(self, session_id: str, limit: float = math.inf) -> list[Message]:
-        async with self._reading() as tx:
+        async with self._statement() as tx:
             return await tx.get_archived(session_id, limit)
 
     async def get_meta(self, namespace: str, key: str) -> Any | None:
-        async with self._reading() as tx:
+        async with self._statement() as tx:
             return await tx.get_meta(namespace, key)
 
     async def put_meta(self, namespace: str, key: str, value: Any) -> None:
-        async with self.transaction() as tx:
+        async with self._statement() as tx:
             await tx.put_meta(namespace, key, value)
 
     async def delete_meta(self, namespace: str, key: str) -> None:
-        async with self.transaction() as tx:
+        async with self._statement() as tx:
             await tx.delete_meta(namespace, key)
 
     async def clear(self, session_id: str, kind: ClearKind) -> None:
@@ -499,25 +502,25 @@ class Store:
             await tx.clear(session_id, kind)
 
     async def get_settings(self, scope: str, scope_key: str) -> dict[str, Any]:
-        async with self._reading() as tx:
+        async with self._statement() as tx:
             return await tx.get_settings(scope, scope_key)
 
     async def set_setting(self, scope: str, scope_key: str, name: str, value: Any) -> None:
-        async with self.transaction() as tx:
+        async with self._statement() as tx:
             await tx.set_setting(scope, scope_key, name, value)
 
     async def delete_setting(self, scope: str, scope_key: str, name: str) -> None:
-        async with self.transaction() as tx:
+        async with self._statement() as tx:
             await tx.delete_setting(scope, scope_key, name)
 
     async def record_usage(
         self, session_id: str | None, purpose: str, model: str, tokens_in: int, tokens_out: int
     ) -> None:
-        async with self.transaction() as tx:
+        async with self._statement() as tx:
             await tx.record_usage(session_id, purpose, model, tokens_in, tokens_out)
 
     async def usage_totals(self, session_id: str) -> dict[str, tuple[int, int]]:
-        async with self._reading() as tx:
+        async with self._statement() as tx:
             return await tx.usage_totals(session_id)
 
 
