@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from .config import Config, Tier
 from .store import Store
@@ -95,6 +95,15 @@ class Settings:
     def __init__(self, store: Store, config: Config) -> None:
         self._store = store
         self._config = config
+        self._stored: dict[tuple[str, str], dict[str, Any]] = {}
+        """Stored layers read so far: they change only through this object, and every
+        turn reads them twice (the agent, then the trigger at turn end)."""
+
+    async def _layer(self, scope: Literal["session", "place"], key: str) -> dict[str, Any]:
+        values = self._stored.get((scope, key))
+        if values is None:
+            values = self._stored[(scope, key)] = await self._store.get_settings(scope, key)
+        return values
 
     async def effective_all(
         self, session_id: str, *, entry_platform: str | None = None, entry_type: str | None = None
@@ -103,8 +112,8 @@ class Settings:
         record = await self._store.get_session(session_id)
         platform_key, type_key = tier_keys(record, entry_platform, entry_type)
         place = place_key(record) if record else None
-        place_values = await self._store.get_settings("place", place) if place else {}
-        session_values = await self._store.get_settings("session", session_id)
+        place_values = await self._layer("place", place) if place else {}
+        session_values = await self._layer("session", session_id)
         tiers = self._config.memsum_tiers
         return {
             name: resolve(
@@ -134,9 +143,11 @@ class Settings:
         self, name: SettingName, scope: Literal["session", "place"], key: str, value: float
     ) -> None:
         await self._store.set_setting(scope, key, name, validate(name, value))
+        self._stored.pop((scope, key), None)  # after the write: a read meanwhile saw the old value
 
     async def reset(self, name: SettingName, scope: Literal["session", "place"], key: str) -> None:
         await self._store.delete_setting(scope, key, name)
+        self._stored.pop((scope, key), None)
 
     async def copy_from_parent(
         self, parent_id: str, child_id: str, entry_platform: str | None, entry_type: str | None
@@ -147,3 +158,4 @@ class Settings:
         async with self._store.transaction() as tx:
             for name, value in values:
                 await tx.set_setting("session", child_id, name, value.value)
+        self._stored.pop(("session", child_id), None)
