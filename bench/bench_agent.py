@@ -45,7 +45,7 @@ from nonebot_plugin_memsum.agent.events import UsageEvent
 from nonebot_plugin_memsum.agent.prompt import hard_trim
 from nonebot_plugin_memsum.agent.turn import Entry
 from nonebot_plugin_memsum.config import Config, ModelConfig
-from nonebot_plugin_memsum.llm import ChatResult, LedgerFn, LLMClient, Usage
+from nonebot_plugin_memsum.llm import ChatResult, LedgerFn, LLMClient, Usage, estimate_msg_tokens
 from nonebot_plugin_memsum.types import Message, ToolCall
 
 _WORDS = "今天 周末 爬山 吃饭 代码 测试 部署 数据库 会议 好的 哈哈 明天 一起 问题 解决 谢谢".split()
@@ -113,12 +113,15 @@ def _fill(path: Path, messages: int, sessions: int, active: int) -> float:
             rows = []
             for i, s in enumerate(owners[lo : lo + chunk]):
                 if rng.random() < 0.2:
-                    rows.append((_sid(s), "assistant", _text(rng), base + (lo + i) * 0.37))
+                    role, content = "assistant", _text(rng)
                 else:
-                    rows.append(
-                        (_sid(s), "user", f"[昵称{s}({10000 + s})] {_text(rng)}", base + (lo + i) * 0.37)
-                    )
-            conn.executemany("INSERT INTO messages (session_id, role, content, ts) VALUES (?, ?, ?, ?)", rows)
+                    role, content = "user", f"[昵称{s}({10000 + s})] {_text(rng)}"
+                # The estimate the agent stores with every message it records (Message.tokens).
+                tokens = estimate_msg_tokens(Message(role=role, content=content))
+                rows.append((_sid(s), role, content, base + (lo + i) * 0.37, tokens))
+            conn.executemany(
+                "INSERT INTO messages (session_id, role, content, ts, tokens) VALUES (?, ?, ?, ?, ?)", rows
+            )
         if active < messages // sessions:
             for s in range(sessions):
                 conn.execute(
