@@ -26,7 +26,7 @@ from nonebot.log import logger
 
 from nonebot_plugin_memsum import runtime
 from nonebot_plugin_memsum.agent.events import CompressionProgress, TurnEnded, TurnStarted, UsageEvent
-from nonebot_plugin_memsum.agent.tools import TodoItem
+from nonebot_plugin_memsum.agent.tools import TodoItem, ToolContext
 from nonebot_plugin_memsum.agent.turn import Entry
 from nonebot_plugin_memsum.compression.request import EMPTY_SUMMARY, REFUSED_WINDOW, CompressionError
 from nonebot_plugin_memsum.compression.service import BUSY, CHANGED, CLEARED, DIVIDER, INJECTION_HEAD
@@ -1071,6 +1071,37 @@ async def test_r_mem_3_clear_during_the_commit_waits_then_deletes_the_new_summar
     assert await rt.store.get_history(GROUP.id) == []
     archived = await rt.store.get_archived(GROUP.id)
     assert [m.content for m in archived][-2:] == ["慢慢说", DIVIDER]
+
+
+async def test_r_mem_3_clear_from_inside_the_awaited_turn_cancels_instead_of_deadlocking(env: Env) -> None:
+    """A tool of the very turn the commit waits for clears the session: waiting for the
+    commit would wait for itself, and the commit has written nothing yet."""
+    rt, model = env.rt, env.model
+    await seed(rt, 4)
+    summary_gate = model.gate(Reply(f"【保留原文】无\n{CHAT_SUMMARY}"))
+    model.summary.append(summary_gate)
+    run = asyncio.create_task(rt.compression.compress(GROUP.id))
+    await summary_gate.reached()
+
+    @rt.tools.tool("forget", "清空本会话", {"type": "object", "properties": {}})
+    async def forget(ctx: ToolContext, args: dict[str, Any]) -> str:
+        await rt.compression.clear(ctx.session_id, "context")
+        return "已清空"
+
+    call = [{"id": "c1", "name": "forget", "arguments": "{}"}]
+    chat_gate = model.gate(Reply("", tool_calls=call, finish_reason="tool_calls", usage=usage(100)))
+    model.chat.extend([chat_gate, Reply("好了", usage=usage(100))])
+    turn = asyncio.create_task(rt.agent.run_turn(GROUP.id, entry=IN_GROUP))
+    await chat_gate.reached()
+    summary_gate.open()
+    await committing(rt)  # the commit now waits for the turn
+    chat_gate.open()  # the turn runs the tool, which clears
+    assert await asyncio.wait_for(turn, 10) == "replied"
+    with pytest.raises(CompressionError) as failed:
+        await asyncio.wait_for(run, 10)
+    assert failed.value.reason == CLEARED
+    assert await summary_of(rt) is None
+    assert DIVIDER not in [m.content for m in await rt.store.get_archived(GROUP.id)]
 
 
 # ---- R-TRIG: background compression at turn end ---------------------------------------------------------

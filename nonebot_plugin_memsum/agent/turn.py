@@ -14,6 +14,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from nonebot.log import logger
 
@@ -71,6 +72,7 @@ class Agent:
     _locks: defaultdict[str, asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
     _workers: dict[str, _Worker] = field(default_factory=dict)
     _contributions: dict[str, list[Contribution]] = field(default_factory=dict)
+    _turn_tasks: dict[str, asyncio.Task[Any] | None] = field(default_factory=dict)
 
     # ---- public API -------------------------------------------------------------
     def contribute(self, anchor: str, fn: Contribution) -> None:
@@ -83,6 +85,10 @@ class Agent:
 
     def in_turn(self, session_id: str) -> bool:
         return self._locks[session_id].locked()
+
+    def is_turn_task(self, session_id: str) -> bool:
+        """Whether the caller runs inside this session's turn (a tool, a contribution)."""
+        return self._turn_tasks.get(session_id) is asyncio.current_task()
 
     async def record(self, session: SessionRecord, msg: Message) -> Message:
         """Store one message of a session (creating the session record on first use)."""
@@ -174,6 +180,7 @@ class Agent:
         """One turn now (waiting for the session's turn in progress, if any)."""
         turn_id = uuid.uuid4().hex
         async with self.turn_lock(session_id):
+            self._turn_tasks[session_id] = asyncio.current_task()
             await self.bus.emit(TurnStarted(turn_id, session_id))
             outcome: Outcome = "error"
             try:
@@ -191,6 +198,7 @@ class Agent:
                 if outcome == "error" and reply is not None:
                     await _quietly(reply, self.config.memsum_error_reply)
                 await self.bus.emit(TurnEnded(turn_id, session_id, outcome))
+                self._turn_tasks.pop(session_id, None)
         return outcome
 
     # ---- the turn ---------------------------------------------------------------

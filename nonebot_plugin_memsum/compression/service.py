@@ -171,10 +171,17 @@ class CompressionService:
     async def clear(self, session_id: str, kind: Literal["context", "summary"]) -> None:
         """R-MEM-2/3: cancel a run still waiting on the model; wait for a commit in progress."""
         run = self._runs.get(session_id)
-        if run is not None and not run.committing:
+        # Called from inside this session's turn (a tool, another plugin): a commit then
+        # waits for this very turn and has written nothing, so it is cancelled, not
+        # awaited; waiting for it would wait forever.
+        inside_turn = self.agent.is_turn_task(session_id)
+        if run is not None and (not run.committing or inside_turn):
             run.cancelled.set()
-        async with self._commit_locks[session_id]:
+        if inside_turn:
             await self.store.clear(session_id, kind)
+        else:
+            async with self._commit_locks[session_id]:
+                await self.store.clear(session_id, kind)
         self._epoch[session_id] += 1
         self._backoff.pop(session_id, None)  # R-BACK-4
         self._latest_turn_usage.pop(session_id, None)
@@ -446,6 +453,8 @@ class CompressionService:
             # also while the commit itself waits for a running turn to end (R-TRIG-5).
             run.committing = True
             async with self.agent.turn_lock(session_id):
+                if run.cancelled.is_set():  # cleared from inside the turn it waited for
+                    raise _Cleared
                 entry = self._entry(session_id)
                 limit = int((await self.settings.effective("history_limit", session_id, **entry)).value)
                 now = clock.now()
