@@ -8,7 +8,9 @@ someone else or as the bot.
 
 from __future__ import annotations
 
+import asyncio
 import re
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -177,6 +179,7 @@ def notice_text(event: NoticeEvent, names: Mapping[str, str]) -> str | None:
 
 # ---- names --------------------------------------------------------------------------
 _names: dict[str, dict[str, str]] = {}
+_recording: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
 
 
 def _names_of(scope: str) -> dict[str, str]:
@@ -210,12 +213,21 @@ async def record_message(bot: Bot, event: MessageEvent) -> tuple[SessionRecord, 
     rt = runtime.get()
     if isinstance(event, GroupMessageEvent):
         record = group_record(bot.self_id, event.group_id)
-        scope = record.id
         group_id: int | None = event.group_id
     else:
-        record = private_record(bot.self_id, event.user_id)
-        scope, group_id = record.id, None
-    names = _names_of(scope)
+        record, group_id = private_record(bot.self_id, event.user_id), None
+    async with _recording[record.id]:  # FIFO: a name look-up must not let a later message overtake
+        return record, await _record_locked(rt, bot, event, record, group_id)
+
+
+async def _record_locked(
+    rt: runtime.Runtime,
+    bot: Bot,
+    event: MessageEvent,
+    record: SessionRecord,
+    group_id: int | None,
+) -> Message:
+    names = _names_of(record.id)
     name = event.sender.card or event.sender.nickname
     names[str(event.user_id)] = clean_name(name, str(event.user_id))
     await _fill_at_names(bot, group_id, event.original_message, names)
@@ -239,7 +251,7 @@ async def record_message(bot: Bot, event: MessageEvent) -> tuple[SessionRecord, 
         ts=clock.now(),
         metadata={"message_id": event.message_id, "user_id": event.user_id},
     )
-    return record, await rt.agent.record(record, msg)
+    return await rt.agent.record(record, msg)
 
 
 def _replier(bot: Bot, event: MessageEvent):

@@ -1,0 +1,61 @@
+"""Messages of one session are stored in the order their handlers started, even when
+rendering one of them waits on the OneBot API (a name look-up for an @)."""
+
+import asyncio
+from typing import Any
+
+from nonebot.adapters.onebot.v11 import GroupMessageEvent, Message, MessageSegment
+from nonebot.adapters.onebot.v11.event import Sender
+
+from nonebot_plugin_memsum import runtime
+from nonebot_plugin_memsum.onebot import group_record, record_message
+
+GROUP_ID = 880_001
+
+
+class SlowBot:
+    """Just what record_message asks of a Bot; member look-ups wait for the test."""
+
+    self_id = "10000"
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+
+    async def get_group_member_info(self, **params: Any) -> dict[str, Any]:
+        await self.release.wait()
+        return {"nickname": "远方", "card": ""}
+
+
+def event(message_id: int, message: Message, user: int) -> GroupMessageEvent:
+    return GroupMessageEvent.model_validate(
+        {
+            "time": 1_700_000_000,
+            "self_id": 10000,
+            "post_type": "message",
+            "message_type": "group",
+            "sub_type": "normal",
+            "message_id": message_id,
+            "user_id": user,
+            "group_id": GROUP_ID,
+            "message": message,
+            "original_message": message,
+            "raw_message": str(message),
+            "font": 0,
+            "sender": Sender(user_id=user, nickname=f"用户{user}"),
+        }
+    )
+
+
+async def test_a_name_lookup_does_not_let_a_later_message_overtake() -> None:
+    bot = SlowBot()
+    first = event(1, Message([MessageSegment.text("问 "), MessageSegment.at(99999)]), 1)
+    second = event(2, Message("第二条"), 2)
+    a = asyncio.create_task(record_message(bot, first))  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    b = asyncio.create_task(record_message(bot, second))  # type: ignore[arg-type]
+    await asyncio.sleep(0.05)
+    assert not b.done()  # it waits behind the first, whose name look-up is pending
+    bot.release.set()
+    await asyncio.gather(a, b)
+    history = await runtime.get().store.get_history(group_record(bot.self_id, GROUP_ID).id)
+    assert [m.content for m in history] == ["[用户1(1)] 问 @远方(99999)", "[用户2(2)] 第二条"]
