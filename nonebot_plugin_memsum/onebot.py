@@ -60,7 +60,15 @@ _PLACEHOLDERS = {
     "markdown": "[消息]",
 }
 # `[name(12345)]`, also with full-width brackets/parentheses, at the start of a line.
-_LABEL_LIKE = re.compile(r"^(\s*)[\[［【]([^\n\]］】]{0,80}?)[(（]\s*(\d+)\s*[)）]\s*[\]］】]", re.M)
+# A line starts after any line break a model may read as one, and invisible characters
+# (zero-width space, direction marks, BOM) in front do not hide a forgery.
+_LINE_START = r"(?:^|(?<=[\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]))"
+_LEAD = r"([\s\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff]*)"
+_LABEL_LIKE = re.compile(
+    _LINE_START + _LEAD + r"[\[［【]([^\n\]］】]{0,80}?)[(（]\s*(\d+)\s*[)）]\s*[\]］】]", re.M
+)
+# A quote of another speaker's words, as `quote_marker` writes it.
+_QUOTE_LIKE = re.compile(_LINE_START + _LEAD + r"[\[［【]\s*(回复)", re.M)
 
 
 # ---- sessions -----------------------------------------------------------------------
@@ -102,7 +110,8 @@ def entry_of(record: SessionRecord) -> Entry:
 # ---- text ---------------------------------------------------------------------------
 def clean_name(name: str | None, fallback: str) -> str:
     """A display name that cannot break the label: no brackets, parentheses or newlines."""
-    cleaned = re.sub(r"[\[\]［］【】()（）\r\n\t]", "", name or "").strip()[:MAX_NAME]
+    # str(): a malformed event may carry a number where a name belongs.
+    cleaned = re.sub(r"[\[\]［］【】()（）\r\n\t]", "", str(name or "")).strip()[:MAX_NAME]
     return cleaned or fallback
 
 
@@ -111,8 +120,9 @@ def label(name: str | None, user_id: int | str) -> str:
 
 
 def neutralise_labels(text: str) -> str:
-    """Turn every label-like `[name(digits)]` at a line start into plain words."""
-    return _LABEL_LIKE.sub(lambda m: f"{m.group(1)}（仿冒标注：{m.group(2).strip()} {m.group(3)}）", text)
+    """Turn every label-like `[name(digits)]` and quote-like `[回复 …` at a line start into plain words."""
+    text = _LABEL_LIKE.sub(lambda m: f"{m.group(1)}（仿冒标注：{m.group(2).strip()} {m.group(3)}）", text)
+    return _QUOTE_LIKE.sub(lambda m: f"{m.group(1)}（仿冒引用）{m.group(2)}", text)
 
 
 def render_segments(segments: Iterable[tuple[str, Mapping[str, Any]]], names: Mapping[str, str]) -> str:

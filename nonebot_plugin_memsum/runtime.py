@@ -6,6 +6,7 @@ the plugin opens nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,12 +92,18 @@ async def build(config: Config, db_path: Path, nicknames: list[str], superusers:
         settings=settings,
         agent=agent,
         todos=todos,
-        is_owner=superusers.__contains__,  # R-TPL-3: the owner check is NoneBot's SUPERUSERS
+        is_owner=owner_check(superusers),  # R-TPL-3: the owner check is NoneBot's SUPERUSERS
     )
     compression.attach()
     return Runtime(
         config, store, registry, client, bus, settings, tools, todos, agent, compression, nicknames
     )
+
+
+def owner_check(superusers: set[str]) -> Callable[[str], bool]:
+    """Whether a peer is an owner, as NoneBot's SUPERUSER decides it: `onebot:12345` (the
+    adapter's name first, the current form) or a bare `12345` (the older one)."""
+    return lambda peer: peer in superusers or f"onebot:{peer}" in superusers
 
 
 async def stop() -> None:

@@ -3,11 +3,14 @@ import the package at module level; nonebug's own init fixture is replaced by th
 and its session lifespan starts the plugin against a temporary database."""
 
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import nonebot
 import pytest
 from nonebot.adapters.onebot.v11 import Adapter as OneBotV11Adapter
+
+from tests.fakes.llm_server import ScriptedLLM
 
 _TMP = Path(tempfile.mkdtemp(prefix="memsum-tests-"))
 INIT_KWARGS = {
@@ -35,3 +38,10 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def _nonebot_init() -> None:
     """Overrides nonebug's: NoneBot was initialised in pytest_configure."""
+
+
+@pytest.fixture(scope="module")
+def llm() -> Iterator[ScriptedLLM]:
+    """A scripted model server of the module's own; a module may define its own `llm`."""
+    with ScriptedLLM() as server:
+        yield server

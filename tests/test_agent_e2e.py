@@ -8,21 +8,18 @@ from its SQLite file. A slow model is a gate the test opens, never a sleep.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sqlite3
-import threading
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.fakes.botproc import BotProcess
+from tests.fakes.e2e import SELF_ID as BOT
+from tests.fakes.e2e import connected, group_sid, private_sid, query, until
 from tests.fakes.llm_server import API_KEY, Reply, ScriptedLLM
 from tests.fakes.onebot import SEND_ACTIONS, OneBotSim, at, plain_text, reply, text
 
-BOT = 10000
 SUPERUSER = 10001
 PERSONA = "你是端到端测试群里的助手小记。"
 APOLOGY = "哎呀，出了点问题，稍后再试。"
@@ -38,51 +35,20 @@ def _summaries(body: dict[str, Any]) -> Reply | None:
     return None if is_chat(body) else Reply(SUMMARY)
 
 
-class Gate:
-    """Holds chat requests until `open()`: the model is thinking till then."""
-
-    def __init__(self, llm: ScriptedLLM) -> None:
-        self._open = threading.Event()
-        llm.on_request(self._hold)
-
-    def _hold(self, body: dict[str, Any]) -> None:
-        if is_chat(body):
-            self._open.wait(30)
-
-    def open(self) -> None:
-        self._open.set()
-
-
-@pytest.fixture(scope="module")
-def llm() -> Iterator[ScriptedLLM]:
-    with ScriptedLLM() as server:
-        yield server
-
-
 @pytest.fixture(scope="module")
 async def bot(tmp_path_factory: pytest.TempPathFactory, llm: ScriptedLLM) -> AsyncIterator[BotProcess]:
-    proc = BotProcess(
-        tmp_path_factory.mktemp("agent-bot"),
-        env={
-            "MEMSUM_MODELS": json.dumps([llm.model_config()]),
-            "MEMSUM_PERSONA": PERSONA,
-            "MEMSUM_ERROR_REPLY": APOLOGY,
-        },
-    )
-    try:
-        await proc.start()
+    env = {
+        "MEMSUM_MODELS": json.dumps([llm.model_config()]),
+        "MEMSUM_PERSONA": PERSONA,
+        "MEMSUM_ERROR_REPLY": APOLOGY,
+    }
+    async with BotProcess(tmp_path_factory.mktemp("agent-bot"), env=env) as proc:
         yield proc
-    finally:
-        await proc.stop()
 
 
 @pytest.fixture(scope="module")
 async def sim(bot: BotProcess) -> AsyncIterator[OneBotSim]:
-    async with OneBotSim(bot.ws_url, self_id=BOT, access_token=bot.access_token) as s:
-        for _ in range(300):
-            if f"Bot {BOT} connected" in bot.log():
-                break
-            await asyncio.sleep(0.05)
+    async with connected(bot, BOT) as s:
         yield s
 
 
@@ -106,32 +72,25 @@ def fresh_model(llm: ScriptedLLM, every_request: list[dict[str, Any]]) -> Iterat
 # ---- helpers --------------------------------------------------------------------------
 
 
-def group_sid(group: int) -> str:
-    return f"onebot:{BOT}:group:{group}"
-
-
-def _rows(db: Path, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-        return conn.execute(sql, params).fetchall()
-
-
 async def stored(bot: BotProcess, sid: str) -> list[tuple[Any, ...]]:
     """(role, content, tool_calls, tool_call_id) of the session's active history."""
     sql = (
         "SELECT role, content, tool_calls, tool_call_id FROM messages"
         " WHERE session_id = ? AND archived = 0 ORDER BY id"
     )
-    return await asyncio.to_thread(_rows, bot.db_path, sql, (sid,))
+    return await query(bot.db_path, sql, sid)
 
 
 async def wait_stored(bot: BotProcess, sid: str, n: int) -> list[tuple[Any, ...]]:
     """The session's history once it holds at least n messages."""
-    for _ in range(300):
-        rows = await stored(bot, sid)
-        if len(rows) >= n:
-            return rows
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{sid} holds {len(await stored(bot, sid))} messages, not {n}")
+    rows: list[tuple[Any, ...]] = []
+
+    async def enough() -> bool:
+        rows[:] = await stored(bot, sid)
+        return len(rows) >= n
+
+    await until(enough, f"{n} messages stored in {sid}")
+    return rows
 
 
 async def said(sim: OneBotSim, after: int) -> str:
@@ -212,16 +171,10 @@ async def test_group_of_three_bot_answers_only_when_addressed_with_true_labels(
         "[老张(20001)] 我觉得小记说得对",
         "[李四(20002)] @小记(10000) 谢谢",
     ]
+    # The bot's own answers go back as the assistant's, every member's line as a user's.
     roles = [m["role"] for m in requests[3]["messages"][1:]]
-    assert roles == ["user"] * 3 + [
-        "assistant",
-        "user",
-        "user",
-        "assistant",
-        "user",
-        "assistant",
-        "user",
-        "user",
+    assert roles == [
+        "assistant" if c in {"吃火锅吧", "那就吃面", "都行"} else "user" for c in contents(requests[3])
     ]
 
 
@@ -301,18 +254,15 @@ async def test_messages_sent_during_a_slow_turn_are_in_the_next_turns_request(
     bot: BotProcess, sim: OneBotSim, llm: ScriptedLLM
 ) -> None:
     group, sid = 50004, group_sid(50004)
-    gate = Gate(llm)
     llm.push(Reply("第一个的答案"), Reply("第二个的答案"))
     mark = len(sim.calls)
-    try:
+    with llm.gate(holds=is_chat):
         await sim.group_message(group, 20001, [at(BOT), text(" 第一个问题")], nickname="张三")
         await llm.wait_requests_async(1)
         await sim.group_message(group, 20002, "顺便说一句", nickname="李四")
         await wait_stored(bot, sid, 2)
         await sim.group_message(group, 20003, [at(BOT), text(" 第二个问题")], nickname="王五")
         await wait_stored(bot, sid, 3)
-    finally:
-        gate.open()
     assert await said(sim, mark) == "第一个的答案"
     second_mark = next(i for i, c in enumerate(sim.calls) if i >= mark and c.action in SEND_ACTIONS) + 1
     assert await said(sim, second_mark) == "第二个的答案"
@@ -371,7 +321,7 @@ async def test_a_private_message_gets_an_answer_from_the_model(
     (request,) = chat_requests(llm)
     assert request["messages"][0] == {"role": "system", "content": PERSONA}
     assert contents(request) == ["[小明(20006)] 你好呀"]
-    rows = await wait_stored(bot, f"onebot:{BOT}:private:20006", 2)
+    rows = await wait_stored(bot, private_sid(20006), 2)
     assert [(r[0], r[1]) for r in rows] == [("user", "[小明(20006)] 你好呀"), ("assistant", "你好，小明！")]
 
 

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import json
 import random
-import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from nonebot.log import logger
 
 from nonebot_plugin_memsum import runtime
 from nonebot_plugin_memsum.agent.events import TurnEnded, TurnStarted, UsageEvent
@@ -30,6 +28,7 @@ from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_text_
 from nonebot_plugin_memsum.runtime import Runtime
 from nonebot_plugin_memsum.types import Message, SessionRecord, ToolCall
 from tests.fakes.llm_server import API_KEY, Reply, ScriptedLLM
+from tests.fakes.logs import captured
 
 PERSONA = "你是测试群里的助手小记，回答简短。"
 SUMMARY = "【最近在聊什么】\n闲聊\n【谁有问题没回应】\n无\n【关键原话要点】\n无\n【保留原文】\n无"
@@ -71,22 +70,6 @@ def openai_user(m: Message) -> dict[str, Any]:
     return {"role": "user", "content": m.content}
 
 
-class Gate:
-    """Holds the chat requests of the server until `open()`: a model that is still thinking."""
-
-    def __init__(self, llm: ScriptedLLM) -> None:
-        self._open = threading.Event()
-        llm.on_request(self._hold)
-
-    def _hold(self, body: dict[str, Any]) -> None:
-        if is_chat(body):
-            self._open.wait(30)
-        # None: the queued reply (or the default) answers once the gate is open.
-
-    def open(self) -> None:
-        self._open.set()
-
-
 class Events:
     """Every turn and usage event of a bus, in order."""
 
@@ -111,12 +94,6 @@ class Replies:
 
     async def __call__(self, text: str) -> None:
         self.texts.append(text)
-
-
-@pytest.fixture(scope="module")
-def llm() -> Iterator[ScriptedLLM]:
-    with ScriptedLLM() as server:
-        yield server
 
 
 @pytest.fixture
@@ -643,14 +620,10 @@ async def test_model_error_sends_the_apology_only_and_loses_nothing(
     asked = await fill(rt, GROUP, [user("在吗"), user("@小记(10000) 帮我看看", 20002, "乙")])
     # The client retries a 500 twice; all three attempts fail.
     llm.push(*(Reply(status=500, error="upstream exploded") for _ in range(3)))
-    lines: list[str] = []
-    sink = logger.add(lambda m: lines.append(str(m)), level="DEBUG")
     events = Events(rt)
     replies = Replies()
-    try:
+    with captured("DEBUG") as lines:
         assert await rt.agent.run_turn(GROUP.id, replies, GROUP_ENTRY) == "error"
-    finally:
-        logger.remove(sink)
 
     assert replies.texts == ["出了点问题，稍后再试。"]
     assert any("failed" in line for line in lines)  # the details go to the log
@@ -665,16 +638,13 @@ async def test_model_error_sends_the_apology_only_and_loses_nothing(
 
 async def test_shutdown_during_a_slow_reply_aborts_the_turn(make_rt: MakeRuntime, llm: ScriptedLLM) -> None:
     rt = await make_rt()
-    gate = Gate(llm)
     await fill(rt, GROUP, [user("@小记(10000) 慢慢想")])
     events = Events(rt)
     replies = Replies()
-    try:
+    with llm.gate(holds=is_chat):  # the queued reply (or the default) answers once it opens
         rt.agent.request_turn(GROUP.id, replies, GROUP_ENTRY)
         await llm.wait_requests_async(1)
         await rt.agent.shutdown()
-    finally:
-        gate.open()
 
     started, ended = events.turns()
     assert ended == TurnEnded(started.turn_id, GROUP.id, "aborted")
@@ -689,7 +659,7 @@ async def test_messages_during_a_turn_go_into_the_next_turn_without_interleaving
     make_rt: MakeRuntime, llm: ScriptedLLM
 ) -> None:
     rt = await make_rt()
-    gate = Gate(llm)
+    gate = llm.gate(holds=is_chat)
     llm.push(Reply("第一轮的回答"), Reply("第二轮的回答"))
     events = Events(rt)
     said: list[tuple[str, str]] = []
@@ -701,7 +671,7 @@ async def test_messages_during_a_turn_go_into_the_next_turn_without_interleaving
         return send
 
     (first,) = await fill(rt, GROUP, [user("@小记(10000) 第一个问题")])
-    try:
+    with gate:
         rt.agent.request_turn(GROUP.id, replier("r1"), GROUP_ENTRY)
         await llm.wait_requests_async(1)
         during = await fill(
@@ -710,8 +680,6 @@ async def test_messages_during_a_turn_go_into_the_next_turn_without_interleaving
         rt.agent.request_turn(GROUP.id, replier("r2"), GROUP_ENTRY)
         rt.agent.request_turn(GROUP.id, replier("r3"), GROUP_ENTRY)
         assert rt.agent.in_turn(GROUP.id)
-    finally:
-        gate.open()
     await rt.agent.wait_idle(GROUP.id)
 
     one, two = chat_requests(llm)
@@ -730,7 +698,7 @@ async def test_messages_during_a_turn_go_into_the_next_turn_without_interleaving
 async def test_two_sessions_run_their_turns_concurrently(make_rt: MakeRuntime, llm: ScriptedLLM) -> None:
     rt = await make_rt()
     other = SessionRecord(id="onebot:10000:private:20009", platform="onebot", kind="private", peer="20009")
-    gate = Gate(llm)
+    gate = llm.gate(holds=is_chat)
     await fill(rt, GROUP, [user("@小记(10000) 群里的问题")])
     await fill(rt, other, [user("私聊的问题", 20009, "私")])
     llm.on_request(
@@ -739,7 +707,7 @@ async def test_two_sessions_run_their_turns_concurrently(make_rt: MakeRuntime, l
     llm.default = Reply("答私聊")
     group_replies, private_replies = Replies(), Replies()
 
-    try:
+    with gate:
         rt.agent.request_turn(GROUP.id, group_replies, GROUP_ENTRY)
         rt.agent.request_turn(other.id, private_replies, Entry("onebot", "private"))
         # Both requests are at the server while the gate is still shut: the second turn
@@ -747,8 +715,6 @@ async def test_two_sessions_run_their_turns_concurrently(make_rt: MakeRuntime, l
         held = await llm.wait_requests_async(2)
         assert rt.agent.in_turn(GROUP.id)
         assert rt.agent.in_turn(other.id)
-    finally:
-        gate.open()
     await rt.agent.wait_idle(GROUP.id)
     await rt.agent.wait_idle(other.id)
 
@@ -757,3 +723,57 @@ async def test_two_sessions_run_their_turns_concurrently(make_rt: MakeRuntime, l
         "[私(20009)] 私聊的问题",
     ]
     assert (group_replies.texts, private_replies.texts) == (["答群里"], ["答私聊"])
+
+
+# ---- review additions ---------------------------------------------------------------------------
+
+
+async def test_r_trig_4_history_messages_counts_inputs_that_came_in_during_the_turn(
+    make_rt: MakeRuntime, llm: ScriptedLLM
+) -> None:
+    rt = await make_rt()
+    await fill(rt, GROUP, [user("第 0 句")])
+
+    @rt.tools.tool("peek", "看一眼", {"type": "object", "properties": {}})
+    async def peek(ctx: ToolContext, args: dict[str, Any]) -> str:
+        await rt.agent.record(GROUP, user("插进来的一句", 20002, "乙"))  # arrives mid-turn
+        return "看过了"
+
+    llm.push(Reply("", tool_calls=[tool_call("a", "peek", {})]), Reply("好了"))
+    events = Events(rt)
+    await rt.agent.run_turn(GROUP.id, None, GROUP_ENTRY)
+    # One at the start; then the call, the input that came in, and the result.
+    assert [e.history_messages for e in events.usage()] == [1, 1, 4, 4]
+
+
+async def test_usage_without_prompt_tokens_falls_back_to_the_estimate(
+    make_rt: MakeRuntime, llm: ScriptedLLM
+) -> None:
+    rt = await make_rt()
+    await fill(rt, GROUP, [user("你好")])
+    llm.push(Reply("好", usage={"completion_tokens": 3}))
+    events = Events(rt)
+    await rt.agent.run_turn(GROUP.id, None, GROUP_ENTRY)
+    snapshot, reported = events.usage()
+    assert reported.turn_id is not None
+    assert reported.usage == snapshot.usage > 0
+
+
+async def test_r_cfg_5_no_chat_model_is_warned_once_not_on_every_turn(tmp_path: Path) -> None:
+    from nonebot.log import logger
+
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(m.record["message"]), level="WARNING")
+    rt: Runtime | None = None
+    try:
+        rt = await runtime.build(Config(memsum_persona=PERSONA), tmp_path / "none.db", [], set())
+        replies = Replies()
+        for _ in range(3):
+            await fill(rt, GROUP, [user("在吗")])
+            assert await rt.agent.run_turn(GROUP.id, replies, GROUP_ENTRY) == "error"
+    finally:
+        logger.remove(sink)
+        if rt is not None:
+            await runtime.close(rt)
+    assert len([line for line in lines if "no chat" in line]) == 1
+    assert replies.texts == [Config().memsum_error_reply] * 3

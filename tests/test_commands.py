@@ -60,29 +60,28 @@ def new_group() -> int:
 
 
 # ---- events (nonebot-plugin-template style factories) -------------------------------
+# What every message event has and no test needs to state.
+_MESSAGE_DEFAULTS: dict[str, Any] = {
+    "time": (int, 1_700_000_000),
+    "self_id": (int, int(SELF_ID)),
+    "post_type": (Literal["message"], "message"),
+    "message_id": (int, 1),
+    "raw_message": (str, ""),
+    "font": (int, 0),
+}
 _GroupEvent = create_model(
     "_GroupEvent",
     __base__=GroupMessageEvent,
-    time=(int, 1_700_000_000),
-    self_id=(int, int(SELF_ID)),
-    post_type=(Literal["message"], "message"),
     message_type=(Literal["group"], "group"),
     sub_type=(str, "normal"),
-    message_id=(int, 1),
-    raw_message=(str, ""),
-    font=(int, 0),
+    **_MESSAGE_DEFAULTS,
 )
 _PrivateEvent = create_model(
     "_PrivateEvent",
     __base__=PrivateMessageEvent,
-    time=(int, 1_700_000_000),
-    self_id=(int, int(SELF_ID)),
-    post_type=(Literal["message"], "message"),
     message_type=(Literal["private"], "private"),
     sub_type=(str, "friend"),
-    message_id=(int, 1),
-    raw_message=(str, ""),
-    font=(int, 0),
+    **_MESSAGE_DEFAULTS,
 )
 
 
@@ -580,28 +579,29 @@ async def test_r_mem_2_confirm_from_someone_else_or_elsewhere_does_nothing(app: 
     assert await history(sid) == []
 
 
-async def test_r_mem_2_confirm_after_60_seconds_is_too_late(
-    app: App, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def confirmed_after(app: App, monkeypatch: pytest.MonkeyPatch, seconds: int, expect: str | None) -> str:
+    """/清除 in a new group with a summary, and 「确认」 `seconds` later, which the bot answers
+    with exactly `expect` (None: nothing); the session's id."""
     group = new_group()
     sid = await with_summary(group)
     now = clock.now()
     monkeypatch.setattr(clock, "now", lambda: now)
     await run(app, group_msg("/清除", group), ASK)
-    monkeypatch.setattr(clock, "now", lambda: now + 61)
-    await run(app, group_msg("确认", group), None)
+    monkeypatch.setattr(clock, "now", lambda: now + seconds)
+    await run(app, group_msg("确认", group), expect)
+    return sid
+
+
+async def test_r_mem_2_confirm_after_60_seconds_is_too_late(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sid = await confirmed_after(app, monkeypatch, 61, None)
     assert len(await history(sid)) == 4  # the late 「确认」 is ordinary chat
     assert await runtime.get().store.get_meta(SUMMARY_NAMESPACE, sid) is not None
 
 
 async def test_r_mem_2_confirm_within_60_seconds_counts(app: App, monkeypatch: pytest.MonkeyPatch) -> None:
-    group = new_group()
-    sid = await with_summary(group)
-    now = clock.now()
-    monkeypatch.setattr(clock, "now", lambda: now)
-    await run(app, group_msg("/清除", group), ASK)
-    monkeypatch.setattr(clock, "now", lambda: now + 60)
-    await run(app, group_msg("确认", group), CLEARED)
+    sid = await confirmed_after(app, monkeypatch, 60, CLEARED)
     assert await history(sid) == []
 
 

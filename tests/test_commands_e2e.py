@@ -4,85 +4,40 @@ no timing in the test)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sqlite3
-import threading
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.fakes.botproc import BotProcess
-from tests.fakes.llm_server import Reply, ScriptedLLM
+from tests.fakes.e2e import connected, group_sid, query, until
+from tests.fakes.llm_server import Gate, Reply, ScriptedLLM
 from tests.fakes.onebot import OneBotSim, plain_text
 
 SUPERUSER = 10001
 SUMMARY = "【最近在聊什么】\n周末爬山\n【谁有问题没回应】\n无\n【关键原话要点】\n无\n【保留原文】\n无"
 
 
-class SlowModel:
-    """Holds every summary request until `release()`: the model is 'thinking' till then."""
-
-    def __init__(self, llm: ScriptedLLM) -> None:
-        self._gate = threading.Event()
-        llm.on_request(self._answer)
-
-    def _answer(self, body: dict[str, Any]) -> Reply:
-        self._gate.wait(60)
-        return Reply(SUMMARY)
-
-    def release(self) -> None:
-        self._gate.set()
-
-
-@pytest.fixture(scope="module")
-def llm() -> Iterator[ScriptedLLM]:
-    with ScriptedLLM() as server:
-        yield server
-
-
 @pytest.fixture(scope="module")
 async def bot(tmp_path_factory: pytest.TempPathFactory, llm: ScriptedLLM) -> AsyncIterator[BotProcess]:
-    proc = BotProcess(
-        tmp_path_factory.mktemp("bot"),
-        env={"MEMSUM_MODELS": json.dumps([llm.model_config()])},
-    )
-    try:
-        await proc.start()
+    env = {"MEMSUM_MODELS": json.dumps([llm.model_config()])}
+    async with BotProcess(tmp_path_factory.mktemp("bot"), env=env) as proc:
         yield proc
-    finally:
-        await proc.stop()
 
 
 @pytest.fixture(scope="module")
 async def sim(bot: BotProcess) -> AsyncIterator[OneBotSim]:
-    async with OneBotSim(bot.ws_url, access_token=bot.access_token) as s:
-        for _ in range(300):
-            if "Bot 10000 connected" in bot.log():
-                break
-            await asyncio.sleep(0.05)
+    async with connected(bot) as s:
         yield s
 
 
 @pytest.fixture
-def slow(llm: ScriptedLLM) -> Iterator[SlowModel]:
-    model = SlowModel(llm)
-    try:
-        yield model
-    finally:
-        model.release()
-        llm.reset()
-
-
-def _query(db: Path, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-        return conn.execute(sql, params).fetchall()
-
-
-async def query(db: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    return await asyncio.to_thread(_query, db, sql, params)
+def slow(llm: ScriptedLLM) -> Iterator[Gate]:
+    """Holds every summary request until opened: the model is 'thinking' till then."""
+    with llm.gate(Reply(SUMMARY)) as gate:
+        yield gate
+    llm.reset()
 
 
 async def active(bot: BotProcess, sid: str) -> list[str]:
@@ -101,19 +56,26 @@ async def summary(bot: BotProcess, sid: str) -> list[tuple[Any, ...]]:
     return await query(bot.db_path, "SELECT value FROM metadata WHERE namespace = 'summary' AND key = ?", sid)
 
 
-def session_id(group: int) -> str:
-    return f"onebot:10000:group:{group}"
-
-
 async def chat(bot: BotProcess, sim: OneBotSim, group: int, n: int) -> None:
     """n members' lines in the group, waited for until stored."""
     for i in range(n):
         await sim.group_message(group, 20001 + i, f"第 {i} 句：周末去爬山吗")
-    for _ in range(300):
-        if len(await active(bot, session_id(group))) >= n:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"the group's {n} messages were not stored")
+
+    async def stored() -> bool:
+        return len(await active(bot, group_sid(group))) >= n
+
+    await until(stored, f"the group's {n} messages stored")
+
+
+async def compressing(bot: BotProcess, sim: OneBotSim, llm: ScriptedLLM, group: int, then: str) -> int:
+    """Four lines in the group, the owner's /压缩, and once its summary request is with the
+    model the owner's command `then`; the call index from before the /压缩."""
+    await chat(bot, sim, group, 4)
+    mark = len(sim.calls)
+    await sim.group_message(group, SUPERUSER, "/压缩")
+    await llm.wait_requests_async(1)
+    await sim.group_message(group, SUPERUSER, then)
+    return mark
 
 
 async def answers(sim: OneBotSim, after: int, n: int) -> list[str]:
@@ -128,17 +90,13 @@ async def answers(sim: OneBotSim, after: int, n: int) -> list[str]:
 
 
 async def test_r_mem_3_clear_cancels_a_compression_waiting_on_the_model(
-    bot: BotProcess, sim: OneBotSim, llm: ScriptedLLM, slow: SlowModel
+    bot: BotProcess, sim: OneBotSim, llm: ScriptedLLM, slow: Gate
 ) -> None:
     group = 30101
-    await chat(bot, sim, group, 4)
-    mark = len(sim.calls)
-    await sim.group_message(group, SUPERUSER, "/压缩")
-    await llm.wait_requests_async(1)  # the summary request is with the model now
-    await sim.group_message(group, SUPERUSER, "/清除 上下文 确认")
+    mark = await compressing(bot, sim, llm, group, then="/清除 上下文 确认")
     got = await answers(sim, mark, 2)
     assert sorted(got) == sorted(["压缩失败：压缩期间会话被清空", "已清除本会话的上下文和摘要。"])
-    sid = session_id(group)
+    sid = group_sid(group)
     assert await active(bot, sid) == []
     assert await summary(bot, sid) == []
     # No divider either; the four lines are archived, not lost; commands never recorded.
@@ -148,21 +106,17 @@ async def test_r_mem_3_clear_cancels_a_compression_waiting_on_the_model(
 
 
 async def test_r_prog_3_a_second_compress_while_one_runs_is_refused(
-    bot: BotProcess, sim: OneBotSim, llm: ScriptedLLM, slow: SlowModel
+    bot: BotProcess, sim: OneBotSim, llm: ScriptedLLM, slow: Gate
 ) -> None:
     group = 30102
-    await chat(bot, sim, group, 4)
-    mark = len(sim.calls)
-    await sim.group_message(group, SUPERUSER, "/压缩")
-    await llm.wait_requests_async(1)
-    await sim.group_message(group, SUPERUSER, "/压缩")
+    mark = await compressing(bot, sim, llm, group, then="/压缩")
     assert await answers(sim, mark, 1) == ["压缩失败：这个会话正在压缩"]
-    slow.release()
+    slow.open()
     second, first = await answers(sim, mark, 2)
     assert second == "压缩失败：这个会话正在压缩"
     assert first.startswith("压缩完成：")
     assert first.endswith("保留原文 0 条，归档 4 条。")
     assert len(llm.requests) == 1
-    sid = session_id(group)
+    sid = group_sid(group)
     assert await active(bot, sid) == ["对话已压缩"]
     assert len(await summary(bot, sid)) == 1

@@ -16,12 +16,11 @@ stored rows with the rules of the specification, not read back from the product.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
-import sqlite3
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,10 +30,10 @@ import pytest
 from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_text_tokens
 from nonebot_plugin_memsum.types import Message, ToolCall
 from tests.fakes.botproc import BotProcess
+from tests.fakes.e2e import SELF_ID, group_sid, private_sid, query, running_bot, until, wait_log
 from tests.fakes.llm_server import API_KEY, Reply, ScriptedLLM
 from tests.fakes.onebot import FORWARD_ACTIONS, SEND_ACTIONS, ApiCall, OneBotSim, at, plain_text, text
 
-SELF_ID = 10000
 SUPERUSER = 10001
 SUMMARISER = "你是对话摘要员"
 INJECTION = "以下是本会话较早对话的摘要"
@@ -154,13 +153,16 @@ class Row:
         return f"助手: {self.content}" if self.role == "assistant" else self.content
 
 
-def _rows(db: Path, sid: str) -> list[Row]:
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-        raw = conn.execute(
-            "SELECT id, role, content, name, tool_calls, tool_call_id, event_marker, archived"
-            " FROM messages WHERE session_id = ? ORDER BY id",
-            (sid,),
-        ).fetchall()
+async def rows(bot: BotProcess, sid: str) -> list[Row]:
+    """Every stored message of the session (archive included), in storage order."""
+    if not bot.db_path.exists():
+        return []
+    raw = await query(
+        bot.db_path,
+        "SELECT id, role, content, name, tool_calls, tool_call_id, event_marker, archived"
+        " FROM messages WHERE session_id = ? ORDER BY id",
+        sid,
+    )
     return [
         Row(
             r[0],
@@ -176,46 +178,13 @@ def _rows(db: Path, sid: str) -> list[Row]:
     ]
 
 
-async def rows(bot: BotProcess, sid: str) -> list[Row]:
-    """Every stored message of the session (archive included), in storage order."""
-    if not bot.db_path.exists():
-        return []
-    return await asyncio.to_thread(_rows, bot.db_path, sid)
-
-
-def _meta(db: Path, namespace: str, key: str) -> Any:
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-        found = conn.execute(
-            "SELECT value FROM metadata WHERE namespace = ? AND key = ?", (namespace, key)
-        ).fetchall()
+async def stored_summary(bot: BotProcess, sid: str) -> dict[str, Any] | None:
+    sql = "SELECT value FROM metadata WHERE namespace = 'summary' AND key = ?"
+    found = await query(bot.db_path, sql, sid)
     return json.loads(found[0][0]) if found else None
 
 
-async def stored_summary(bot: BotProcess, sid: str) -> dict[str, Any] | None:
-    return await asyncio.to_thread(_meta, bot.db_path, "summary", sid)
-
-
-# --- waiting -------------------------------------------------------------------------
-
-
-async def until(check: Callable[[], Awaitable[bool]], what: str, within: float = 20) -> None:
-    """Wait until `check()` holds (a bound on waiting, not an assertion on speed)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not await check():
-        if loop.time() >= deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
-async def wait_log(bot: BotProcess, needle: str, within: float = 20) -> str:
-    async def seen() -> bool:
-        if not bot.running:
-            raise AssertionError(f"bot.py exited; log tail:\n{bot.log()[-3000:]}")
-        return needle in bot.log()
-
-    await until(seen, f"{needle!r} in the bot's log", within)
-    return bot.log()
+# --- talking to the bot ---------------------------------------------------------------
 
 
 def sent_text(call: ApiCall) -> str:
@@ -230,14 +199,6 @@ async def next_text(sim: OneBotSim, after: int, match: Callable[[str], bool]) ->
         set(SEND_ACTIONS | FORWARD_ACTIONS), after=after, predicate=lambda c: match(sent_text(c)), timeout=20
     )
     return sent_text(call)
-
-
-def group_sid(group: int) -> str:
-    return f"onebot:{SELF_ID}:group:{group}"
-
-
-def private_sid(user: int) -> str:
-    return f"onebot:{SELF_ID}:private:{user}"
 
 
 async def feed(bot: BotProcess, sim: OneBotSim, group: int, lines: list[str]) -> None:
@@ -314,61 +275,41 @@ class Env:
     llm: ScriptedLLM
 
 
-async def _launch(workdir: Path, llm: ScriptedLLM, env: dict[str, str]) -> AsyncIterator[Env]:
-    bot = BotProcess(workdir, env=env)
-    try:
-        await bot.start()
-        async with OneBotSim(bot.ws_url, access_token=bot.access_token) as sim:
-            await wait_log(bot, f"Bot {SELF_ID} connected")
+@asynccontextmanager
+async def _launch(
+    workdir: Path, chat_window: int, summary: tuple[str, int], **settings: str
+) -> AsyncIterator[Env]:
+    """A bot on a model server of its own: "test/chat" with `chat_window` and the summary model
+    `summary` (id, window); `settings` are more of its `.env`."""
+    summary_id, summary_window = summary
+    with ScriptedLLM() as llm:
+        models = [
+            llm.model_config("test/chat", context_window=chat_window),
+            llm.model_config(summary_id, context_window=summary_window),
+        ]
+        env = {
+            "MEMSUM_MODELS": json.dumps(models),
+            "MEMSUM_CHAT_MODEL": "test/chat",
+            "MEMSUM_SUMMARY_MODEL": summary_id,
+            **settings,
+        }
+        async with running_bot(workdir, env) as (bot, sim):
             yield Env(bot, sim, llm)
-    finally:
-        await bot.stop()
 
 
 @pytest.fixture(scope="module")
-def llm_a() -> Iterator[ScriptedLLM]:
-    with ScriptedLLM() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def llm_b() -> Iterator[ScriptedLLM]:
-    with ScriptedLLM() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-async def bot_a(tmp_path_factory: pytest.TempPathFactory, llm_a: ScriptedLLM) -> AsyncIterator[Env]:
-    models = [
-        llm_a.model_config("test/chat", context_window=10000),
-        llm_a.model_config("test/summary", context_window=64000),
-    ]
-    env = {
-        "MEMSUM_MODELS": json.dumps(models),
-        "MEMSUM_CHAT_MODEL": "test/chat",
-        "MEMSUM_SUMMARY_MODEL": "test/summary",
-        "MEMSUM_COMPRESS_AT": "0.6",
-        "MEMSUM_SUMMARY_BUDGET_RATIO": "0.2001",
-    }
-    async for started in _launch(tmp_path_factory.mktemp("bot-a"), llm_a, env):
+async def bot_a(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
+    workdir = tmp_path_factory.mktemp("bot-a")
+    settings = {"MEMSUM_COMPRESS_AT": "0.6", "MEMSUM_SUMMARY_BUDGET_RATIO": "0.2001"}
+    async with _launch(workdir, 10000, ("test/summary", 64000), **settings) as started:
         yield started
 
 
 @pytest.fixture(scope="module")
-async def bot_b(tmp_path_factory: pytest.TempPathFactory, llm_b: ScriptedLLM) -> AsyncIterator[Env]:
-    models = [
-        llm_b.model_config("test/chat", context_window=32000),
-        llm_b.model_config("test/tiny", context_window=8000),
-    ]
-    env = {
-        "MEMSUM_MODELS": json.dumps(models),
-        "MEMSUM_CHAT_MODEL": "test/chat",
-        "MEMSUM_SUMMARY_MODEL": "test/tiny",
-        "MEMSUM_HISTORY_LIMIT": "6",
-        "MEMSUM_SUMMARY_BUDGET_RATIO": "0.5",
-        "MEMSUM_LLM_TIMEOUT": "2",
-    }
-    async for started in _launch(tmp_path_factory.mktemp("bot-b"), llm_b, env):
+async def bot_b(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
+    workdir = tmp_path_factory.mktemp("bot-b")
+    settings = {"MEMSUM_HISTORY_LIMIT": "6", "MEMSUM_SUMMARY_BUDGET_RATIO": "0.5", "MEMSUM_LLM_TIMEOUT": "2"}
+    async with _launch(workdir, 32000, ("test/tiny", 8000), **settings) as started:
         yield started
 
 
@@ -483,7 +424,8 @@ async def test_r_tpl_2_superusers_private_chat_gets_the_work_template_with_the_t
         "call_todo_1",
         DIVIDER,
     )
-    group_text = f"调用 todo_write({arguments[:200]})\n工具结果(todo_write): {result.content[:200]}"
+    result_text = "\n  ".join(result.content[:200].splitlines())  # R-RUN-3: continuation lines indented
+    group_text = f"调用 todo_write({arguments[:200]})\n工具结果(todo_write): {result_text}"
     units_tokens = sum(map(estimate_text_tokens, (said.content, group_text, replied.rendered)))
     keep_cap = min(1200, units_tokens * 2001 // 10000)
     assert f"其中保留的原文合计不超过 {keep_cap} tokens" in system

@@ -13,10 +13,9 @@ import math
 import random
 import re
 import sqlite3
-import threading
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,24 +24,38 @@ import pytest
 from nonebot.log import logger
 
 from nonebot_plugin_memsum import runtime
-from nonebot_plugin_memsum.agent.events import CompressionProgress, TurnEnded, TurnStarted, UsageEvent
+from nonebot_plugin_memsum.agent.events import (
+    CompressionProgress,
+    Outcome,
+    TurnEnded,
+    TurnStarted,
+    UsageEvent,
+)
 from nonebot_plugin_memsum.agent.tools import TodoItem, ToolContext
 from nonebot_plugin_memsum.agent.turn import Entry
 from nonebot_plugin_memsum.compression.request import EMPTY_SUMMARY, REFUSED_WINDOW, CompressionError
-from nonebot_plugin_memsum.compression.service import BUSY, CHANGED, CLEARED, DIVIDER, INJECTION_HEAD
+from nonebot_plugin_memsum.compression.service import (
+    BUSY,
+    CHANGED,
+    CLEARED,
+    DIVIDER,
+    INJECTION_HEAD,
+    CompressionResult,
+)
 from nonebot_plugin_memsum.compression.units import build_units
 from nonebot_plugin_memsum.config import Config
 from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_text_tokens
 from nonebot_plugin_memsum.runtime import Runtime
 from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE, StoreError
 from nonebot_plugin_memsum.types import Message, SessionRecord, ToolCall
-from tests.fakes.llm_server import API_KEY, Reply, ScriptedLLM
+from tests.fakes.llm_server import API_KEY, Gate, Reply, ScriptedLLM
 
 OWNER = "10001"
 CHAT_MODEL = "test/chat"
 SUMMARY_MODEL = "test/sum"
 SUMMARISER = "你是对话摘要员"
 CHAT_SUMMARY = "## 最近在聊什么\n甲(1) 约大家周末爬山\n## 谁有问题没回应\n无\n## 关键原话要点\n无"
+NOTHING_KEPT = f"【保留原文】无\n{CHAT_SUMMARY}"
 WORK_SUMMARY = "## 目标\n写周报\n## 做过的决定\n无\n## 改过的文件\n无\n## 未完成的事\n无"
 OLD_SUMMARY = {
     "text": "## 最近在聊什么\n上周的旧话题\n## 谁有问题没回应\n无\n## 关键原话要点\n无",
@@ -98,27 +111,6 @@ def offered(body: dict[str, Any]) -> dict[int, str]:
     return out
 
 
-class Gate:
-    """A reply held back until the test opens the gate."""
-
-    def __init__(self, reply: Reply | Callable[[dict[str, Any]], Reply]) -> None:
-        self.reply = reply
-        self.arrived = threading.Event()
-        self._open = threading.Event()
-
-    def __call__(self, body: dict[str, Any]) -> Reply:
-        self.arrived.set()
-        self._open.wait(30)
-        return self.reply if isinstance(self.reply, Reply) else self.reply(body)
-
-    async def reached(self) -> None:
-        if not await asyncio.to_thread(self.arrived.wait, 10):
-            raise AssertionError("the gated request never arrived")
-
-    def open(self) -> None:
-        self._open.set()
-
-
 Script = Reply | Gate | Callable[[dict[str, Any]], Reply]
 
 
@@ -129,7 +121,7 @@ class Model:
         self.llm = llm
         self.summary: deque[Script] = deque()
         self.chat: deque[Script] = deque()
-        self.summary_default: Script = Reply(f"【保留原文】无\n{CHAT_SUMMARY}")
+        self.summary_default: Script = Reply(NOTHING_KEPT)
         self.chat_default: Script = Reply("好的", usage=usage(100))
         self.gates: list[Gate] = []
         llm.on_request(self._answer)
@@ -139,7 +131,14 @@ class Model:
         self.gates.append(g)
         return g
 
-    def _answer(self, body: dict[str, Any]) -> Reply:
+    def hold_summary(self, reply: Reply | Callable[[dict[str, Any]], Reply] | None = None) -> Gate:
+        """The next summary request waits at a gate, then gets `reply` (by default: a summary
+        keeping nothing)."""
+        g = self.gate(reply or Reply(NOTHING_KEPT))
+        self.summary.append(g)
+        return g
+
+    def _answer(self, body: dict[str, Any]) -> Reply | None:
         summary = is_summary(body)
         queue = self.summary if summary else self.chat
         try:
@@ -299,6 +298,45 @@ def stated(body: dict[str, Any]) -> tuple[int, int]:
     return int(m.group(1)), int(cap.group(1)) if cap else 0
 
 
+def due_usage(turn_id: str | None) -> UsageEvent:
+    """A usage that is due by count (10 messages against a line of 2)."""
+    return UsageEvent(
+        session_id=GROUP.id,
+        turn_id=turn_id,
+        platform="onebot",
+        platform_type="group",
+        model_id=CHAT_MODEL,
+        window=32000,
+        trim_budget=30976,
+        usage=100,
+        trimmed=False,
+        untrimmed_history=50,
+        history_messages=10,
+        history_limit=2,
+    )
+
+
+async def held_compression(
+    env: Env, reply: Reply | Callable[[dict[str, Any]], Reply] | None = None
+) -> tuple[asyncio.Task[CompressionResult], Gate]:
+    """A manual compression of the group, once its summary request waits at a gate that
+    then answers `reply` (by default: a summary keeping nothing); the run and the gate."""
+    gate = env.model.hold_summary(reply)
+    run = asyncio.create_task(env.rt.compression.compress(GROUP.id))
+    await gate.reached()
+    return run, gate
+
+
+async def held_turn(env: Env, reply: Reply) -> tuple[asyncio.Task[Outcome], Gate]:
+    """A turn in the group, once its chat request waits at a gate that then answers `reply`;
+    the turn and the gate."""
+    gate = env.model.gate(reply)
+    env.model.chat.append(gate)
+    turn = asyncio.create_task(env.rt.agent.run_turn(GROUP.id, entry=IN_GROUP))
+    await gate.reached()
+    return turn, gate
+
+
 async def raw_sql(path: Path, sql: str, params: tuple[Any, ...] = ()) -> None:
     """Write to the database file through a connection of its own (another process would)."""
 
@@ -350,10 +388,7 @@ async def test_r_run_1_unfinished_tool_group_stays_active_with_later_results(env
             ts=2000.0,
         ),
     )
-    gate = model.gate(Reply(f"【保留原文】无\n{CHAT_SUMMARY}"))
-    model.summary.append(gate)
-    run = asyncio.create_task(rt.compression.compress(GROUP.id))
-    await gate.reached()
+    run, gate = await held_compression(env)
     # The agent finishes its tool group while the model summarises.
     result = await rt.store.append(
         GROUP.id, Message(role="tool", content="待办已清空", tool_call_id="call_7", ts=2001.0)
@@ -372,14 +407,11 @@ async def test_r_run_1_unfinished_tool_group_stays_active_with_later_results(env
 
 
 async def test_r_run_11_history_changed_during_the_summary_call_fails_and_restores(env: Env) -> None:
-    rt, model = env.rt, env.model
+    rt = env.rt
     await seed(rt, 4)
     await rt.store.put_meta(SUMMARY_NAMESPACE, GROUP.id, OLD_SUMMARY)
     before = await rt.store.get_history(GROUP.id)
-    gate = model.gate(Reply(f"【保留原文】无\n{CHAT_SUMMARY}"))
-    model.summary.append(gate)
-    run = asyncio.create_task(rt.compression.compress(GROUP.id))
-    await gate.reached()
+    run, gate = await held_compression(env)
     await rt.store.archive_span(GROUP.id, 1)  # a message of the span goes away (a rollback elsewhere)
     gate.open()
     with pytest.raises(CompressionError) as failed:
@@ -392,12 +424,9 @@ async def test_r_run_11_history_changed_during_the_summary_call_fails_and_restor
 
 
 async def test_r_run_11_head_compared_item_by_item_content_edit_is_a_change(env: Env) -> None:
-    rt, model = env.rt, env.model
+    rt = env.rt
     history = await seed(rt, 4)
-    gate = model.gate(Reply(f"【保留原文】无\n{CHAT_SUMMARY}"))
-    model.summary.append(gate)
-    run = asyncio.create_task(rt.compression.compress(GROUP.id))
-    await gate.reached()
+    run, gate = await held_compression(env)
     # Same ids, same count: only the content of the third item differs.
     await raw_sql(rt.store.path, "UPDATE messages SET content = ? WHERE id = ?", ("改过的话", history[2].id))
     gate.open()
@@ -533,16 +562,27 @@ LINE_CHAT = {"context_window": 28571}
 BIG_SUMMARY = {"context_window": 200000, "max_output_tokens": 8192}
 
 
+async def seeded(env: Env, n: int, size: int = 12, *, turn: bool) -> int:
+    """n group lines, and with `turn` a turn on them (its usage sets the line); what the
+    history's units take."""
+    await seed(env.rt, n, size=size)
+    if turn:
+        await env.rt.agent.run_turn(GROUP.id, entry=IN_GROUP)
+    return units_tokens(await env.rt.store.get_history(GROUP.id))
+
+
+async def summary_request(env: Env) -> dict[str, Any]:
+    """The one summary request of a manual compression of the group."""
+    await env.rt.compression.compress(GROUP.id)
+    (request,) = env.model.summary_requests()
+    return request
+
+
 async def test_r_bud_1_budget_from_latest_usage_line(make: Make) -> None:
     env = await make(chat=LINE_CHAT, summary=BIG_SUMMARY, memsum_compress_at=0.7)
-    rt, model = env.rt, env.model
-    await seed(rt, 30, size=120)
-    await rt.agent.run_turn(GROUP.id, entry=IN_GROUP)
-    history = await rt.store.get_history(GROUP.id)
-    content = units_tokens(history)
+    content = await seeded(env, 30, 120, turn=True)
     assert content > 2000  # R-BUD-2 does not bind
-    await rt.compression.compress(GROUP.id)
-    (request,) = model.summary_requests()
+    request = await summary_request(env)
     budget = Fraction(199997, 100)  # E × 0.1 = 1999.97; floor 1000, E / 4 and ⅔ cap do not bind
     assert stated(request) == (1999, min(1999, math.floor(Fraction(1, 10) * content)))
     assert request["max_tokens"] == math.ceil(Fraction(3, 2) * budget) == 3000
@@ -550,12 +590,8 @@ async def test_r_bud_1_budget_from_latest_usage_line(make: Make) -> None:
 
 async def test_r_bud_1_compress_at_0_takes_the_trim_budget_as_line(make: Make) -> None:
     env = await make(chat=LINE_CHAT, summary=BIG_SUMMARY, memsum_compress_at=0)
-    rt, model = env.rt, env.model
-    await seed(rt, 30, size=120)
-    await rt.agent.run_turn(GROUP.id, entry=IN_GROUP)
-    assert units_tokens(await rt.store.get_history(GROUP.id)) > 2755
-    await rt.compression.compress(GROUP.id)
-    (request,) = model.summary_requests()
+    assert await seeded(env, 30, 120, turn=True) > 2755
+    request = await summary_request(env)
     # E = trim budget 27547; × 0.1 = 2754.7; max_tokens ⌈4132.05⌉.
     assert stated(request)[0] == 2754
     assert request["max_tokens"] == 4133
@@ -563,28 +599,11 @@ async def test_r_bud_1_compress_at_0_takes_the_trim_budget_as_line(make: Make) -
 
 async def test_r_trig_1_budget_takes_the_latest_usage_snapshots_included(make: Make) -> None:
     env = await make(chat=LINE_CHAT, summary=BIG_SUMMARY, memsum_compress_at=0.8)
-    rt, model = env.rt, env.model
-    await seed(rt, 30, size=120)
-    await rt.agent.run_turn(GROUP.id, entry=IN_GROUP)
+    await seeded(env, 30, 120, turn=True)
     # A later snapshot (no turn id) from a smaller model: window 4000, trim budget 2976.
-    await rt.bus.emit(
-        UsageEvent(
-            session_id=GROUP.id,
-            turn_id=None,
-            platform="onebot",
-            platform_type="group",
-            model_id="other/small",
-            window=4000,
-            trim_budget=2976,
-            usage=100,
-            trimmed=False,
-            untrimmed_history=50,
-            history_messages=31,
-            history_limit=0,
-        )
-    )
-    await rt.compression.compress(GROUP.id)
-    (request,) = model.summary_requests()
+    smaller = {"model_id": "other/small", "window": 4000, "trim_budget": 2976}
+    await env.rt.bus.emit(replace(due_usage(None), **smaller, history_messages=31, history_limit=0))
+    request = await summary_request(env)
     # E = min(0.8 × 4000, 2976) = 2976 → × 0.1 = 297.6 → floor 1000 → E / 4 = 744 wins.
     assert stated(request)[0] == 744
     assert request["max_tokens"] == 1116
@@ -592,13 +611,9 @@ async def test_r_trig_1_budget_takes_the_latest_usage_snapshots_included(make: M
 
 async def test_r_bud_2_budget_at_most_what_is_compressed(make: Make) -> None:
     env = await make(chat=LINE_CHAT, summary=BIG_SUMMARY, memsum_compress_at=0.7)
-    rt, model = env.rt, env.model
-    await seed(rt, 12, size=110)
-    await rt.agent.run_turn(GROUP.id, entry=IN_GROUP)
-    content = units_tokens(await rt.store.get_history(GROUP.id))
+    content = await seeded(env, 12, 110, turn=True)
     assert 1000 < content < 1999  # between the floor and E × ratio
-    await rt.compression.compress(GROUP.id)
-    (request,) = model.summary_requests()
+    request = await summary_request(env)
     assert stated(request)[0] == content
     assert request["max_tokens"] == math.ceil(Fraction(3, 2) * content)
 
@@ -606,32 +621,24 @@ async def test_r_bud_2_budget_at_most_what_is_compressed(make: Make) -> None:
 async def test_r_bud_3_line_over_4_wins_over_the_floor(make: Make) -> None:
     # E = min(0.5 × 4000, 4000 − 1024) = 2000; × 0.1 = 200 → floor 1000 → E / 4 = 500.
     env = await make(chat={"context_window": 4000}, summary=BIG_SUMMARY, memsum_compress_at=0.5)
-    rt, model = env.rt, env.model
-    await seed(rt, 8)
-    await rt.agent.run_turn(GROUP.id, entry=IN_GROUP)
-    content = units_tokens(await rt.store.get_history(GROUP.id))
-    await rt.compression.compress(GROUP.id)
-    (request,) = model.summary_requests()
+    content = await seeded(env, 8, turn=True)
+    request = await summary_request(env)
     assert stated(request) == (500, min(500, math.floor(Fraction(1, 10) * content)))
     assert request["max_tokens"] == 750
 
 
 async def test_r_bud_6_no_usage_budget_from_content(make: Make) -> None:
     env = await make(summary=BIG_SUMMARY)
-    rt, model = env.rt, env.model
-    await seed(rt, 12, size=110)  # no turn: no usage, no line
-    content = units_tokens(await rt.store.get_history(GROUP.id))
+    content = await seeded(env, 12, 110, turn=False)  # no turn: no usage, no line
     assert 1000 < content < 5461
-    await rt.compression.compress(GROUP.id)
-    (request,) = model.summary_requests()
+    request = await summary_request(env)
     assert stated(request) == (content, math.floor(Fraction(1, 10) * content))
     assert request["max_tokens"] == math.ceil(Fraction(3, 2) * content)
 
 
 async def test_r_bud_6_no_usage_little_content_gets_the_floor(env: Env) -> None:
     await seed(env.rt, 3)
-    await env.rt.compression.compress(GROUP.id)
-    (request,) = env.model.summary_requests()
+    request = await summary_request(env)
     assert stated(request)[0] == 1000
     assert request["max_tokens"] == 1500
 
@@ -654,8 +661,7 @@ async def test_r_bud_5_physical_cap_wins_over_the_floor(make: Make) -> None:
     # Physical cap min(1200, 32000 / 4) = 1200; ⅔ of it, 800, is under the floor of 1000.
     env = await make(summary={"max_output_tokens": 1200})
     await seed(env.rt, 3)
-    await env.rt.compression.compress(GROUP.id)
-    (request,) = env.model.summary_requests()
+    request = await summary_request(env)
     assert stated(request)[0] == 800
     assert request["max_tokens"] == 1200
 
@@ -819,14 +825,11 @@ async def test_r_back_2_kept_cut_to_half_the_count_line_earliest_first(make: Mak
 
 async def test_r_back_2_none_kept_when_messages_after_the_cut_reach_half(make: Make) -> None:
     env = await make(memsum_summary_budget_ratio=0.5)
-    rt, model = env.rt, env.model
+    rt = env.rt
     await rt.settings.set("history_limit", "session", GROUP.id, 8)  # the count line from the settings
     short = await seed(rt, 4, size=2)
     await seed(rt, 2, start=4, size=150)
-    gate = model.gate(keeping(*(m.content for m in short)))
-    model.summary.append(gate)
-    run = asyncio.create_task(rt.compression.compress(GROUP.id))
-    await gate.reached()
+    run, gate = await held_compression(env, keeping(*(m.content for m in short)))
     after = await seed(rt, 4, start=10)  # arrive during the call: 4 = ⌊8 / 2⌋
     gate.open()
     result = await run
@@ -978,10 +981,7 @@ async def test_r_prog_3_one_run_per_session_manual_refused_background_skips(make
     env = await make(memsum_history_limit=2)  # every turn is due by count
     rt, model = env.rt, env.model
     await seed(rt, 3)
-    gate = model.gate(Reply(f"【保留原文】无\n{CHAT_SUMMARY}"))
-    model.summary.append(gate)
-    run = asyncio.create_task(rt.compression.compress(GROUP.id))
-    await gate.reached()
+    run, gate = await held_compression(env)
     with pytest.raises(CompressionError, match=BUSY):
         await rt.compression.compress(GROUP.id)
     assert await rt.agent.run_turn(GROUP.id, entry=IN_GROUP) == "replied"  # due, but a run is going
@@ -1022,12 +1022,9 @@ async def test_r_mem_2_clear_summary_alone_keeps_the_history(env: Env) -> None:
 
 
 async def test_r_mem_3_clear_before_the_model_answered_cancels_the_run(env: Env) -> None:
-    rt, model = env.rt, env.model
+    rt = env.rt
     await seed(rt, 4)
-    gate = model.gate(Reply(f"【保留原文】无\n{CHAT_SUMMARY}"))
-    model.summary.append(gate)
-    run = asyncio.create_task(rt.compression.compress(GROUP.id))
-    await gate.reached()
+    run, gate = await held_compression(env)
     await rt.compression.clear(GROUP.id, "context")
     with pytest.raises(CompressionError) as failed:
         await run
@@ -1041,17 +1038,11 @@ async def test_r_mem_3_clear_before_the_model_answered_cancels_the_run(env: Env)
 
 
 async def test_r_mem_3_clear_during_the_commit_waits_then_deletes_the_new_summary(env: Env) -> None:
-    rt, model = env.rt, env.model
+    rt = env.rt
     await seed(rt, 4)
-    summary_gate = model.gate(Reply(f"【保留原文】无\n{CHAT_SUMMARY}"))
-    model.summary.append(summary_gate)
-    run = asyncio.create_task(rt.compression.compress(GROUP.id))
-    await summary_gate.reached()
+    run, summary_gate = await held_compression(env)
     # A turn holds the session while the model answers: the commit must wait for it.
-    chat_gate = model.gate(Reply("慢慢说", usage=usage(100)))
-    model.chat.append(chat_gate)
-    turn = asyncio.create_task(rt.agent.run_turn(GROUP.id, entry=IN_GROUP))
-    await chat_gate.reached()
+    turn, chat_gate = await held_turn(env, Reply("慢慢说", usage=usage(100)))
     summary_gate.open()
     await committing(rt)
     order: list[str] = []
@@ -1078,10 +1069,7 @@ async def test_r_mem_3_clear_from_inside_the_awaited_turn_cancels_instead_of_dea
     commit would wait for itself, and the commit has written nothing yet."""
     rt, model = env.rt, env.model
     await seed(rt, 4)
-    summary_gate = model.gate(Reply(f"【保留原文】无\n{CHAT_SUMMARY}"))
-    model.summary.append(summary_gate)
-    run = asyncio.create_task(rt.compression.compress(GROUP.id))
-    await summary_gate.reached()
+    run, summary_gate = await held_compression(env)
 
     @rt.tools.tool("forget", "清空本会话", {"type": "object", "properties": {}})
     async def forget(ctx: ToolContext, args: dict[str, Any]) -> str:
@@ -1233,24 +1221,6 @@ async def test_r_trig_2_aborted_turn_is_not_judged(make: Make) -> None:
     assert model.summary_requests() == []
 
 
-def due_usage(turn_id: str | None) -> UsageEvent:
-    """A usage that is due by count (10 messages against a line of 2)."""
-    return UsageEvent(
-        session_id=GROUP.id,
-        turn_id=turn_id,
-        platform="onebot",
-        platform_type="group",
-        model_id=CHAT_MODEL,
-        window=32000,
-        trim_budget=30976,
-        usage=100,
-        trimmed=False,
-        untrimmed_history=50,
-        history_messages=10,
-        history_limit=2,
-    )
-
-
 async def test_r_trig_5_snapshot_and_left_over_usage_are_not_judged(env: Env) -> None:
     rt, model = env.rt, env.model
     bus = rt.bus
@@ -1292,10 +1262,7 @@ async def test_r_trig_5_not_judged_after_a_clear_since_the_turn_started(make: Ma
     env = await make(memsum_history_limit=2)
     rt, model = env.rt, env.model
     await seed(rt, 3)
-    gate = model.gate(Reply("好的", usage=usage(100)))
-    model.chat.append(gate)
-    turn = asyncio.create_task(rt.agent.run_turn(GROUP.id, entry=IN_GROUP))
-    await gate.reached()
+    turn, gate = await held_turn(env, Reply("好的", usage=usage(100)))
     await rt.compression.clear(GROUP.id, "context")
     await seed(rt, 3, start=3)
     gate.open()
@@ -1308,14 +1275,10 @@ async def test_r_trig_5_background_commit_waits_for_the_running_turn(make: Make)
     env = await make(memsum_history_limit=2)
     rt, model = env.rt, env.model
     await seed(rt, 3)
-    summary_gate = model.gate(Reply(f"【保留原文】无\n{CHAT_SUMMARY}"))
-    model.summary.append(summary_gate)
+    summary_gate = model.hold_summary()
     assert await rt.agent.run_turn(GROUP.id, entry=IN_GROUP) == "replied"  # due: background starts
     await summary_gate.reached()
-    chat_gate = model.gate(Reply("第二轮的回答", usage=usage(100)))
-    model.chat.append(chat_gate)
-    second = asyncio.create_task(rt.agent.run_turn(GROUP.id, entry=IN_GROUP))
-    await chat_gate.reached()
+    second, chat_gate = await held_turn(env, Reply("第二轮的回答", usage=usage(100)))
     in_turn_at_done: list[bool] = []
     rt.bus.subscribe(
         CompressionProgress,
@@ -1376,7 +1339,7 @@ async def test_r_back_4_success_forgets_the_back_off(make: Make) -> None:
 
     async def before(n: int) -> None:
         # Succeed once at the third attempt (turn 7), fail again afterwards.
-        model.summary_default = Reply(f"【保留原文】无\n{CHAT_SUMMARY}") if n == 7 else FAIL
+        model.summary_default = Reply(NOTHING_KEPT) if n == 7 else FAIL
 
     await drive(env, 12, starts, before=before)
     assert starts == [1, 3, 7, 8, 10]
@@ -1403,8 +1366,7 @@ async def test_r_back_4_run_cancelled_by_a_clear_is_no_failure(make: Make) -> No
     env = await make(memsum_history_limit=2)
     rt, model = env.rt, env.model
     await seed(rt, 2)
-    gate = model.gate(Reply(f"【保留原文】无\n{CHAT_SUMMARY}"))
-    model.summary.append(gate)
+    gate = model.hold_summary()
     await rt.agent.run_turn(GROUP.id, entry=IN_GROUP)  # due: the background run waits on the model
     await gate.reached()
     await rt.compression.clear(GROUP.id, "context")
@@ -1428,3 +1390,64 @@ async def test_r_cfg_4_compress_at_is_none_for_0(make: Make) -> None:
     assert await service.compress_at("internal:x", "onebot", "group") is None
     zero = await make(memsum_compress_at=0)
     assert await zero.rt.compression.compress_at(GROUP.id, "onebot") is None
+
+
+# ---- review additions --------------------------------------------------------------------------
+async def test_r_fail_1_an_unexpected_error_gives_one_warning_with_its_traceback(env: Env) -> None:
+    rt = env.rt
+    await seed(rt, 3)
+    await raw_sql(
+        rt.store.path,
+        "CREATE TRIGGER refuse_archive BEFORE UPDATE OF archived ON messages WHEN NEW.archived = 1"
+        " BEGIN SELECT RAISE(ABORT, 'archive refused by the test'); END",
+    )
+    errors: list[str] = []
+    sink = logger.add(lambda m: errors.append(m.record["message"]), level="ERROR")
+    try:
+        with pytest.raises(CompressionError):
+            await rt.compression.compress(GROUP.id)
+    finally:
+        logger.remove(sink)
+    assert errors == []
+    (warning,) = env.failure_warnings()
+    assert "内部错误：StoreError" in warning
+    assert [p for p, _ in env.phases()] == ["start", "error"]
+
+
+async def test_r_mem_2_an_unknown_clear_kind_is_refused_and_cancels_nothing(env: Env) -> None:
+    rt, model = env.rt, env.model
+    await seed(rt, 3)
+    gate = model.hold_summary()
+    run = asyncio.create_task(rt.compression.compress(GROUP.id))
+    await gate.reached()
+    with pytest.raises(ValueError, match="unknown clear kind"):
+        await rt.compression.clear(GROUP.id, "everything")  # type: ignore[arg-type]
+    gate.open()
+    assert (await run).outcome == "done"
+    assert env.phases() == [("start", None), ("done", None)]
+
+
+async def test_r_tpl_2_owner_written_the_nonebot_way_gets_the_work_template(tmp_path: Path) -> None:
+    # SUPERUSERS=["onebot:10001"] is NoneBot's current form; the commands accept it, so the
+    # template choice must too.
+    llm = ScriptedLLM().start()
+    rt = await runtime.build(
+        Config.model_validate({"memsum_models": [llm.model_config(SUMMARY_MODEL)]}),
+        tmp_path / "owner.db",
+        [],
+        {"onebot:10001"},
+    )
+    try:
+        assert rt.compression.is_owner is not None
+        assert rt.compression.is_owner("10001")
+        assert not rt.compression.is_owner("10002")
+        dm = SessionRecord(
+            id="onebot:private:10001", platform="onebot", kind="private", peer="10001", room_class="direct"
+        )
+        await rt.agent.record(dm, Message(role="user", content="[主人(10001)] 记一下", ts=1.0))
+        await rt.compression.compress(dm.id)
+        (body,) = [b for b in llm.requests if is_summary(b)]
+        assert "## 目标" in system_of(body)
+    finally:
+        await runtime.close(rt)
+        llm.stop()

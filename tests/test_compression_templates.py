@@ -127,3 +127,11 @@ def test_r_tpl_5_section_headings_are_parsed() -> None:
     # an extra section means a different structure
     assert not has_template_sections(text + "\n## 杂项\n无", WORK)
     assert not has_template_sections("## 目标\n无", WORK)
+
+
+def test_r_bud_7_keep_cap_0_is_stated_with_the_budget() -> None:
+    # R-TPL-4 / R-BUD-7: the prompt states the budget and the keep cap, a cap of 0 too.
+    prompt = system_prompt(CHAT, budget=1234, keep_cap=0)
+    assert "合计约 1234 tokens（约 4936 个英文字符）" in prompt
+    assert "保留的原文合计不超过 0 tokens" in prompt
+    assert "保留的原文合计不超过 56 tokens" in system_prompt(CHAT, budget=1234, keep_cap=56)

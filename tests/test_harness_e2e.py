@@ -28,21 +28,10 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.datastructures import Headers
 
 from tests.fakes.botproc import BotExitedError, BotProcess
+from tests.fakes.e2e import connected, restart, wait_log
 from tests.fakes.onebot import ConnectionRejectedError, OneBotSim, at, face, image, plain_text, reply, text
 
 PARSE_ERRORS = ("Event Parser Error", "Failed to parse event")
-
-
-async def wait_log(bot: BotProcess, needle: str, within: float = 15) -> str:
-    """The bot's log once it contains `needle`."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while needle not in (log := bot.log()):
-        if not bot.running or loop.time() >= deadline:
-            tail = "\n".join(log.splitlines()[-30:])
-            raise AssertionError(f"{needle!r} not in the bot's log; tail:\n{tail}")
-        await asyncio.sleep(0.05)
-    return log
 
 
 @pytest.fixture(scope="module")
@@ -51,17 +40,13 @@ async def bot(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[BotProc
     # Nothing of ours at all, not even the database path: the plugin must find its own
     # place, and localstore keeps that inside the work folder.
     del proc.env["MEMSUM_DB_PATH"]
-    try:
-        await proc.start()
+    async with proc:
         yield proc
-    finally:
-        await proc.stop()
 
 
 @pytest.fixture(scope="module")
 async def sim(bot: BotProcess) -> AsyncIterator[OneBotSim]:
-    async with OneBotSim(bot.ws_url, access_token=bot.access_token) as s:
-        await wait_log(bot, "Bot 10000 connected")
+    async with connected(bot) as s:
         yield s
 
 
@@ -145,24 +130,17 @@ async def test_private_message_and_notices_are_parsed(bot: BotProcess, sim: OneB
 
 
 async def test_sigint_exits_zero_and_a_restart_keeps_the_folder(tmp_path: Path) -> None:
-    bot = BotProcess(tmp_path)
-    try:
-        await bot.start()
-        async with OneBotSim(bot.ws_url, access_token=bot.access_token) as sim:
-            await wait_log(bot, "Bot 10000 connected")
+    async with BotProcess(tmp_path) as bot:
+        async with connected(bot) as sim:
             port, env = bot.port, (tmp_path / ".env").read_text(encoding="utf-8")
-            await bot.restart()
+            await restart(bot, sim)
             assert bot.returncode is None
-            await asyncio.wait_for(sim.disconnected.wait(), 15)
-            await sim.connect()
             mid = await sim.group_message(30001, 20001, "又见面了")
             await wait_log(bot, f"Message {mid} from 20001")
             assert (bot.port, (tmp_path / ".env").read_text(encoding="utf-8")) == (port, env)
             assert bot.log(all_runs=True).count("Application startup complete") == 2
         assert await bot.stop() == 0
         assert await bot.stop() == 0  # idempotent
-    finally:
-        await bot.stop()
 
 
 async def test_bad_config_value_stops_start_up_naming_the_key(tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from nonebot.log import logger
 
 from nonebot_plugin_memsum.config import ModelConfig
 from nonebot_plugin_memsum.llm import tokens
@@ -26,6 +25,7 @@ from nonebot_plugin_memsum.llm.errors import (
 )
 from nonebot_plugin_memsum.types import ToolCall
 from tests.fakes.llm_server import API_KEY, Reply, ScriptedLLM
+from tests.fakes.logs import captured
 
 MESSAGES = [
     {"role": "system", "content": "你是群聊里的 AI 助手。"},
@@ -84,10 +84,8 @@ async def client(ledger: Ledger, sleeps: Sleeps) -> AsyncIterator[LLMClient]:
 
 @pytest.fixture
 def logs() -> Iterator[list[str]]:
-    lines: list[str] = []
-    sink = logger.add(lambda m: lines.append(str(m)), level="DEBUG", format="{message}")
-    yield lines
-    logger.remove(sink)
+    with captured("DEBUG") as lines:
+        yield lines
 
 
 async def chat(client: LLMClient, model: ModelConfig, **kw: Any) -> ChatResult:

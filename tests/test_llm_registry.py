@@ -4,10 +4,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from nonebot.log import logger
 
 from nonebot_plugin_memsum.config import ModelConfig
 from nonebot_plugin_memsum.llm.registry import Registry
+from tests.fakes.logs import captured
 
 NO_MODEL = "no chat-capable model"
 
@@ -30,10 +30,8 @@ def registry(models: list[ModelConfig], preferred: str | None = None, **prefs: A
 
 @pytest.fixture
 def warnings() -> Iterator[list[str]]:
-    lines: list[str] = []
-    sink = logger.add(lambda m: lines.append(str(m)), level="WARNING", format="{message}")
-    yield lines
-    logger.remove(sink)
+    with captured("WARNING") as lines:
+        yield lines
 
 
 def test_r_cfg_5_own_preference_wins_over_global_and_priority() -> None:

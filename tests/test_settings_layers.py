@@ -3,7 +3,6 @@ restart of bot.py."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from nonebot_plugin_memsum.llm import LLMClient, Registry
 from nonebot_plugin_memsum.settings import SettingName, Settings, place_key
 from nonebot_plugin_memsum.store import Store
 from nonebot_plugin_memsum.types import SessionRecord
-from tests.fakes.botproc import BotProcess
+from tests.fakes.e2e import restart, running_bot
 from tests.fakes.onebot import OneBotSim, plain_text
 
 GROUP = SessionRecord(
@@ -237,15 +236,7 @@ async def service(store: Store, settings: Settings) -> AsyncIterator[Compression
     registry = Registry([], preferred=None, preferences={})
     client = LLMClient(timeout=5, ledger=store.record_usage)
     bus = EventBus()
-    agent = Agent(
-        store=store,
-        client=client,
-        registry=registry,
-        bus=bus,
-        config=config,
-        settings=settings,
-        tools=ToolRegistry(),
-    )
+    agent = Agent(store, client, registry, bus, config, settings, ToolRegistry())
     svc = CompressionService(store, client, registry, bus, config, settings, agent, None, None)
     try:
         yield svc
@@ -291,25 +282,8 @@ async def command(sim: OneBotSim, text: str, *, group: int = 30001, user: int = 
     return plain_text(call.params["message"])
 
 
-async def wait_log(bot: BotProcess, needle: str) -> None:
-    for _ in range(300):
-        if needle in bot.log():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{needle!r} not in the bot's log:\n{bot.log()[-3000:]}")
-
-
 async def test_r_cfg_2_session_setting_persists_across_a_bot_restart(tmp_path: Path) -> None:
-    bot = BotProcess(tmp_path)
-    try:
-        await bot.start()
-        async with OneBotSim(bot.ws_url, access_token=bot.access_token) as sim:
-            await wait_log(bot, "Bot 10000 connected")
-            assert "设为 0.3" in await command(sim, "/压缩线 0.3")
-            await bot.restart()
-            await asyncio.wait_for(sim.disconnected.wait(), 15)
-            await sim.connect()
-            await wait_log(bot, "Bot 10000 connected")
-            assert "压缩线 0.3（本会话）" in await command(sim, "/压缩线")
-    finally:
-        await bot.stop()
+    async with running_bot(tmp_path) as (bot, sim):
+        assert "设为 0.3" in await command(sim, "/压缩线 0.3")
+        await restart(bot, sim)
+        assert "压缩线 0.3（本会话）" in await command(sim, "/压缩线")

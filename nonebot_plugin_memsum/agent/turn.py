@@ -189,7 +189,8 @@ class Agent:
                 outcome = "aborted"
                 raise
             except NoChatModel:
-                logger.warning("memsum: no chat model is configured; cannot answer")
+                # R-CFG-5: the registry warns once when no chat model is left; not every turn.
+                logger.info("memsum: no chat model is configured; cannot answer")
             except LLMError as err:
                 logger.warning(f"memsum: turn of {session_id} failed: {err}")
             except Exception:
@@ -225,15 +226,14 @@ class Agent:
         if compress_at.value:  # R-CFG-4: 0 means no usage line
             line = compression_line(compress_at.value, model.context_window, budget)
 
-        at_start: int | None = None
-        added = 0
         ctx = ToolContext(session_id)
         for round_no in range(self.config.memsum_max_tool_rounds + 1):
             offer_tools = round_no < self.config.memsum_max_tool_rounds
             tools = self.tools.schemas() if offer_tools else []
             history = await self.store.get_history(session_id)
-            if at_start is None:  # R-TRIG-4: the store's count_active, without another query
-                at_start = sum(m.is_conversation for m in history)
+            # R-TRIG-4: the active count at turn start plus the turn's tool calls and results
+            # and the inputs that came in meanwhile: all of it is in this read.
+            count = sum(m.is_conversation for m in history)
             prompt = assemble(
                 await self.system_parts(session_id),
                 history,
@@ -252,7 +252,7 @@ class Agent:
                 "trim_budget": budget,
                 "trimmed": prompt.trimmed,
                 "untrimmed_history": prompt.untrimmed_history,
-                "history_messages": at_start + added,
+                "history_messages": count,
                 "history_limit": limit,
                 "line": math.floor(line) if line is not None else None,
             }
@@ -268,7 +268,9 @@ class Agent:
                 )
             except LLMLengthLimit as cut:
                 result = cut.result  # a reply cut at the limit is still a reply
-            used = result.usage.prompt_tokens if result.usage else prompt.estimate
+            # A usage without prompt tokens (some APIs report only the completion) is no measure.
+            reported = result.usage.prompt_tokens if result.usage else 0
+            used = reported or prompt.estimate
             await self.bus.emit(UsageEvent(turn_id=turn_id, usage=used, **facts))
             if result.tool_calls and offer_tools:
                 await self._append(
@@ -277,10 +279,8 @@ class Agent:
                         role="assistant", content=result.content, tool_calls=result.tool_calls, ts=clock.now()
                     ),
                 )
-                added += 1
                 for call in result.tool_calls:
                     await self._run_tool(ctx, call)
-                    added += 1
                 continue
             text = _ECHOED_LABEL.sub("", result.content.strip())
             if not text or text == SILENT_MARK:

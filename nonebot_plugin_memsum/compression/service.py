@@ -170,6 +170,8 @@ class CompressionService:
 
     async def clear(self, session_id: str, kind: Literal["context", "summary"]) -> None:
         """R-MEM-2/3: cancel a run still waiting on the model; wait for a commit in progress."""
+        if kind not in ("context", "summary"):  # before a run is cancelled for nothing
+            raise ValueError(f"unknown clear kind {kind!r}; allowed: context, summary")
         run = self._runs.get(session_id)
         # Called from inside this session's turn (a tool, another plugin): a commit then
         # waits for this very turn and has written nothing, so it is cancelled, not
@@ -313,9 +315,8 @@ class CompressionService:
             await self._failed(session_id, CLEARED)
             raise CompressionError(CLEARED) from None
         except Exception as err:
-            logger.exception(f"memsum: compression of {session_id} failed")
             reason = f"内部错误：{type(err).__name__}"
-            await self._failed(session_id, reason)
+            await self._failed(session_id, reason, err)
             raise CompressionError(reason) from err
         self._epoch[session_id] += 1
         self._backoff.pop(session_id, None)  # R-BACK-4
@@ -325,9 +326,9 @@ class CompressionService:
         await self.bus.emit(CompressionProgress(session_id, "done"))
         return result
 
-    async def _failed(self, session_id: str, reason: str) -> None:
-        """R-FAIL-1: one warning, an `error` event; nothing written."""
-        logger.warning(f"memsum: compression of {session_id} failed: {reason}")
+    async def _failed(self, session_id: str, reason: str, err: BaseException | None = None) -> None:
+        """R-FAIL-1: one warning (with the traceback of an unexpected error), an `error` event."""
+        logger.opt(exception=err).warning(f"memsum: compression of {session_id} failed: {reason}")
         await self._remember_run(session_id, LastRun(clock.now(), "error", reason, 0, 0))
         await self.bus.emit(CompressionProgress(session_id, "error", reason))
 

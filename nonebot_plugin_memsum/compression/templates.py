@@ -93,6 +93,7 @@ def system_prompt(template: Template, *, budget: int, keep_cap: int) -> str:
         "对话记录的读法：以「助手: 」开头的是 AI 助手的发言；「调用 工具名(参数)」是助手的工具调用，"
         "「工具结果(工具名): 」是调用的结果；「通知: 」是平台或系统发来的通知；其余是用户的发言。"
         "工具参数、工具结果与通知只截取了开头。"
+        "每条记录从行首开始，一条消息里换行之后的内容缩进两格、仍属于这条消息。"
     )
     if template.name == "chat":
         # R-TPL-4: the label is what lets the summary name the same person later on.
@@ -105,13 +106,15 @@ def system_prompt(template: Template, *, budget: int, keep_cap: int) -> str:
             "挑原文：开头标有「#编号〔约 N token〕」的消息可以原样保留，N 是它原样留下要占的 token。"
             "只挑值得一字不差留下的，没有就不留。保留的原文只是原样补充，摘要仍要覆盖全部对话，包括被保留的那些。"
         )
-        size = (
-            f"篇幅：摘要连同保留的原文合计约 {budget} tokens（约 {budget * 4} 个英文字符），"
-            f"其中保留的原文合计不超过 {keep_cap} tokens（按标注的 N 相加）；内容少时可以更短，不要凑字数。"
-        )
+        counted = "按标注的 N 相加"
     else:
         keeping = "这次不保留原文，摘要要覆盖全部对话。"
-        size = f"篇幅：摘要约 {budget} tokens（约 {budget * 4} 个英文字符）；内容少时可以更短，不要凑字数。"
+        counted = "这次不保留原文"
+    # R-BUD-7: the budget and the keep cap, both stated, whatever they are.
+    size = (
+        f"篇幅：摘要连同保留的原文合计约 {budget} tokens（约 {budget * 4} 个英文字符），"
+        f"其中保留的原文合计不超过 {keep_cap} tokens（{counted}）；内容少时可以更短，不要凑字数。"
+    )
     sections = "\n".join(f"{i}. 「## {s.title}」：{s.guidance}" for i, s in enumerate(template.sections, 1))
     return "\n\n".join(
         [

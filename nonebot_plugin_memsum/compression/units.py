@@ -119,19 +119,28 @@ def visible_text(m: Message) -> str:
     return m.content
 
 
+def indent_continuation(text: str) -> str:
+    """A text's own line breaks followed by two blanks.
+
+    Only the first line of a record starts at the margin, so a member's message cannot
+    open a line that reads as the assistant's words, a notice or another speaker.
+    """
+    return "\n  ".join(text.splitlines())
+
+
 def render_message(m: Message, tool_names: Mapping[str, str]) -> str:
     """One message as the summariser reads it (R-RUN-3)."""
     if m.role == "assistant":
         text = visible_text(m)
-        lines = [f"{ASSISTANT_PREFIX}{text}"] if text.strip() or not m.tool_calls else []
-        lines += [f"调用 {c.name}({c.arguments[:CUT]})" for c in m.tool_calls]
+        lines = [f"{ASSISTANT_PREFIX}{indent_continuation(text)}"] if text.strip() or not m.tool_calls else []
+        lines += [f"调用 {c.name}({indent_continuation(c.arguments[:CUT])})" for c in m.tool_calls]
         return "\n".join(lines)
     if m.role == "tool":
         name = tool_names.get(m.tool_call_id or "") or m.name or "未知工具"
-        return f"工具结果({name}): {m.content[:CUT]}"
+        return f"工具结果({name}): {indent_continuation(m.content[:CUT])}"
     if m.role == "notice":
-        return f"通知: {m.content[:CUT]}"
-    return m.content
+        return f"通知: {indent_continuation(m.content[:CUT])}"
+    return indent_continuation(m.content)
 
 
 def render_unit(messages: Sequence[Message], tool_names: Mapping[str, str]) -> str:

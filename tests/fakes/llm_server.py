@@ -1,6 +1,6 @@
 """A scripted OpenAI-compatible chat server: real HTTP on 127.0.0.1, in a background thread.
 
-Tests script what the "model" answers (`push`, `default`, `on_request`) and read back
+Tests script what the "model" answers (`push`, `default`, `on_request`, `gate`) and read back
 every request it got (`requests`). A subprocess bot reaches it like any API:
 
     with ScriptedLLM() as llm:
@@ -65,6 +65,47 @@ class Reply:
 Responder = Callable[[dict[str, Any]], Reply | None]
 
 
+class Gate:
+    """A model that is still thinking: holds the requests `holds` picks until `open()`, then
+    answers `reply` (None: the next responder, the queue or the default answers).
+
+    `with gate:` opens it on the way out, so a failing test never leaves a request hanging;
+    the wait is bounded all the same, for a test that forgets.
+    """
+
+    def __init__(
+        self,
+        reply: Reply | Callable[[dict[str, Any]], Reply] | None = None,
+        *,
+        holds: Callable[[dict[str, Any]], bool] = lambda _: True,
+    ) -> None:
+        self.reply = reply
+        self.holds = holds
+        self.arrived = threading.Event()
+        self._open = threading.Event()
+
+    def __call__(self, body: dict[str, Any]) -> Reply | None:
+        if not self.holds(body):
+            return None
+        self.arrived.set()
+        self._open.wait(30)
+        return self.reply if self.reply is None or isinstance(self.reply, Reply) else self.reply(body)
+
+    async def reached(self) -> None:
+        """Wait until a held request arrived."""
+        if not await asyncio.to_thread(self.arrived.wait, 10):
+            raise AssertionError("the gated request never arrived")
+
+    def open(self) -> None:
+        self._open.set()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.open()
+
+
 class ScriptedLLM:
     """The server. `start()` (or `with`) binds a free port on 127.0.0.1; `stop()` closes it."""
 
@@ -121,6 +162,17 @@ class ScriptedLLM:
         """Add a responder tried (in the order added) before the queue; None falls through."""
         with self._cond:
             self._responders.append(fn)
+
+    def gate(
+        self,
+        reply: Reply | Callable[[dict[str, Any]], Reply] | None = None,
+        *,
+        holds: Callable[[dict[str, Any]], bool] = lambda _: True,
+    ) -> Gate:
+        """A `Gate` added as a responder (after those already there)."""
+        gate = Gate(reply, holds=holds)
+        self.on_request(gate)
+        return gate
 
     def reset(self) -> None:
         """Forget requests, queued replies and responders; `default` back to `Reply()`."""

@@ -1,0 +1,86 @@
+"""What the end-to-end tests share: bot.py started with the OneBot simulator connected,
+and the bot's log and SQLite file read while it runs.
+
+Every wait here is a bound on waiting, never an assertion on speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from tests.fakes.botproc import BotProcess
+from tests.fakes.onebot import OneBotSim
+
+SELF_ID = 10000
+"""The bot's QQ number, as the simulator reports it."""
+
+
+def group_sid(group: int, self_id: int = SELF_ID) -> str:
+    return f"onebot:{self_id}:group:{group}"
+
+
+def private_sid(user: int, self_id: int = SELF_ID) -> str:
+    return f"onebot:{self_id}:private:{user}"
+
+
+async def until(check: Callable[[], Awaitable[bool]], what: str, within: float = 20) -> None:
+    """Wait until `check()` holds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not await check():
+        if loop.time() >= deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def wait_log(bot: BotProcess, needle: str, within: float = 20) -> str:
+    """The bot's log (of its current run) once it contains `needle`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while needle not in (log := bot.log()):
+        if not bot.running or loop.time() >= deadline:
+            tail = "\n".join(log.splitlines()[-40:])
+            raise AssertionError(f"{needle!r} not in the bot's log; tail:\n{tail}")
+        await asyncio.sleep(0.05)
+    return log
+
+
+@asynccontextmanager
+async def connected(bot: BotProcess, self_id: int = SELF_ID) -> AsyncIterator[OneBotSim]:
+    """The simulator connected to a running bot, once the bot has registered it."""
+    async with OneBotSim(bot.ws_url, self_id=self_id, access_token=bot.access_token) as sim:
+        await wait_log(bot, f"Bot {self_id} connected")
+        yield sim
+
+
+@asynccontextmanager
+async def running_bot(
+    workdir: Path, env: Mapping[str, str] | None = None
+) -> AsyncIterator[tuple[BotProcess, OneBotSim]]:
+    """bot.py started in `workdir` with the simulator connected; both stopped on the way out."""
+    async with BotProcess(workdir, env=env) as bot, connected(bot) as sim:
+        yield bot, sim
+
+
+async def restart(bot: BotProcess, sim: OneBotSim) -> None:
+    """Restart bot.py on the same folder and port, and connect the simulator again."""
+    await bot.restart()
+    await asyncio.wait_for(sim.disconnected.wait(), 15)
+    await sim.connect()
+    await wait_log(bot, f"Bot {sim.self_id} connected")
+
+
+def _query(db: Path, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    # Read-only, so a test can never change what the bot stored.
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+async def query(db: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    """Rows of the bot's database, read off the event loop."""
+    return await asyncio.to_thread(_query, db, sql, params)
