@@ -547,3 +547,23 @@ async def test_scripted_server_responders_queue_and_waiting(
     assert cfg["base_url"] == llm.base_url
     assert cfg["priority"] == 3
     assert ModelConfig(**cfg).model == "x"
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_tool_calls_without_ids_get_distinct_ids(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig, stream: bool
+) -> None:
+    llm.push(
+        Reply(
+            "",
+            tool_calls=[
+                {"id": "", "name": "a", "arguments": "{}"},
+                {"id": "", "name": "b", "arguments": "{}"},
+            ],
+            finish_reason="tool_calls",
+        )
+    )
+    result = await chat(client, model, stream=stream)
+    ids = [c.id for c in result.tool_calls]
+    assert all(ids)
+    assert len(set(ids)) == 2

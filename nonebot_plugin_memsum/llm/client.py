@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -301,7 +302,7 @@ def _parse_completion(model: ModelConfig, body: bytes) -> ChatResult:
         message = choice["message"]
         calls = tuple(
             ToolCall(
-                id=c.get("id") or "",
+                id=c.get("id") or _call_id(),
                 name=c["function"]["name"],
                 arguments=c["function"].get("arguments") or "",
             )
@@ -376,7 +377,9 @@ class _Stream:
         call.arguments += function.get("arguments") or ""
 
     def result(self, model_id: str) -> ChatResult:
-        calls = tuple(ToolCall(c.id, c.name, c.arguments) for _, c in sorted(self.calls.items()))
+        calls = tuple(
+            ToolCall(c.id or _call_id(), c.name, c.arguments) for _, c in sorted(self.calls.items())
+        )
         return ChatResult(
             content="".join(self.content),
             tool_calls=calls,
@@ -426,3 +429,8 @@ def _dispatch(model: ModelConfig, acc: _Stream, payload: str) -> None:
         acc.feed(chunk)
     except (LookupError, TypeError, AttributeError):
         raise LLMBadResponse(f"{model.id}: unreadable stream chunk", model_id=model.id) from None
+
+
+def _call_id() -> str:
+    """An id for a tool call the provider sent without one: results are matched by it."""
+    return f"call_{uuid.uuid4().hex[:24]}"
