@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from nonebot_plugin_memsum.compression.service import INJECTION_HEAD
 from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_text_tokens
 from nonebot_plugin_memsum.types import Message, ToolCall
 from tests.fakes.botproc import BotProcess
@@ -36,7 +37,7 @@ from tests.fakes.onebot import FORWARD_ACTIONS, SEND_ACTIONS, ApiCall, OneBotSim
 
 SUPERUSER = 10001
 SUMMARISER = "你是对话摘要员"
-INJECTION = "以下是本会话较早对话的摘要"
+INJECTION = INJECTION_HEAD
 DIVIDER = "对话已压缩"
 CHAT_TITLES = ("最近在聊什么", "谁有问题没回应", "关键原话要点")
 WORK_TITLES = ("目标", "做过的决定", "改过的文件", "未完成的事")

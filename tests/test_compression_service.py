@@ -1451,3 +1451,11 @@ async def test_r_tpl_2_owner_written_the_nonebot_way_gets_the_work_template(tmp_
     finally:
         await runtime.close(rt)
         llm.stop()
+
+
+def test_r_inj_2_the_first_sentence_explains_the_kept_originals() -> None:
+    first = INJECTION_HEAD.split("。")[0]
+    assert "保留的原文" in first
+    assert "按原来的时间顺序" in first
+    assert "历史开头" in first
+    assert "概括过" in first

@@ -48,8 +48,8 @@ CLEARED = "压缩期间会话被清空"
 CHANGED = "压缩期间历史被改动"
 # R-INJ-2: fixed, whatever the session.
 INJECTION_HEAD = (
-    "以下是本会话较早对话的摘要。保留的原文（如果有）按原来的时间顺序排在之后的历史开头，"
-    "内容已在摘要里概括过，并不是摘要之后才发生的。"
+    "保留的原文（如果有）按原来的时间顺序排在之后的历史开头，内容已在下面的摘要里概括过，"
+    "并不是摘要之后才发生的。以下是本会话较早对话的摘要："
 )
 ESTIMATORS = Estimators(text=estimate_text_tokens, msg=estimate_msg_tokens)
 
