@@ -25,6 +25,7 @@ from nonebot.adapters.onebot.v11 import (
     GroupMessageEvent,
     GroupRecallNoticeEvent,
     MessageEvent,
+    MessageSegment,
     NoticeEvent,
     PokeNotifyEvent,
     PrivateMessageEvent,
@@ -266,13 +267,16 @@ async def _record_locked(
 
 def _replier(bot: Bot, event: MessageEvent):
     async def send(text: str) -> None:
-        await send_reply(bot, event, text)
+        await send_reply(bot, event, text, quote=isinstance(event, GroupMessageEvent))
 
     return send
 
 
-async def send_reply(bot: Bot, event: MessageEvent, text: str) -> None:
-    """Plain text; in groups a long text goes out as a merged-forward message."""
+async def send_reply(bot: Bot, event: MessageEvent, text: str, *, quote: bool = False) -> None:
+    """Plain text; in groups a long text goes out as a merged-forward message.
+
+    `quote`: the answer quotes the message it answers, so a busy group sees to whom.
+    """
     threshold = runtime.get().config.memsum_forward_threshold
     if isinstance(event, GroupMessageEvent) and threshold and len(text) > threshold:
         nodes = [
@@ -284,8 +288,11 @@ async def send_reply(bot: Bot, event: MessageEvent, text: str) -> None:
             return
         except Exception as err:
             logger.info(f"memsum: merged-forward not available ({type(err).__name__}); sending plain text")
-    for part in _split(text, 3000):
-        await bot.send(event, part)
+    for i, part in enumerate(_split(text, 3000)):
+        if quote and i == 0:
+            await bot.send(event, MessageSegment.reply(event.message_id) + part)
+        else:
+            await bot.send(event, part)
 
 
 def _split(text: str, size: int) -> list[str]:

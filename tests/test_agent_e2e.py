@@ -18,7 +18,7 @@ from tests.fakes.botproc import BotProcess
 from tests.fakes.e2e import SELF_ID as BOT
 from tests.fakes.e2e import connected, group_sid, private_sid, query, until
 from tests.fakes.llm_server import API_KEY, Reply, ScriptedLLM
-from tests.fakes.onebot import SEND_ACTIONS, OneBotSim, at, plain_text, reply, text
+from tests.fakes.onebot import SEND_ACTIONS, OneBotSim, as_segments, at, plain_text, reply, text
 
 SUPERUSER = 10001
 PERSONA = "你是端到端测试群里的助手小记。"
@@ -371,3 +371,16 @@ async def test_a_plugin_command_never_reaches_the_model(
         assert "/摘要" not in dumped
         assert REFUSED not in dumped
         assert owner_answer not in dumped
+
+
+async def test_a_group_answer_quotes_the_message_it_answers(
+    bot: BotProcess, sim: OneBotSim, llm: ScriptedLLM
+) -> None:
+    group = 50009
+    llm.push(Reply("在的"))
+    mark = len(sim.calls)
+    asked = await sim.group_message(group, 20001, [at(BOT), text(" 在吗")])
+    call = await sim.wait_call(set(SEND_ACTIONS), after=mark)
+    segments = as_segments(call.params.get("message", ""))
+    assert segments[0] == {"type": "reply", "data": {"id": str(asked)}}
+    assert plain_text(segments) == "在的"
