@@ -202,11 +202,14 @@ class Tx:
 
     async def get_history(self, session_id: str, limit: float = math.inf) -> list[Message]:
         """The last `limit` active messages of the session, in storage order."""
+        return await self._tail(session_id, archived=False, limit=limit)
+
+    async def _tail(self, session_id: str, *, archived: bool, limit: float) -> list[Message]:
         # Newest first so LIMIT takes the tail; the index makes it a short range scan.
         rows = await self._fetch(
-            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ? AND archived = 0"
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ? AND archived = ?"
             " ORDER BY id DESC LIMIT ?",
-            (session_id, _sql_limit(limit)),
+            (session_id, int(archived), _sql_limit(limit)),
         )
         return [_message_from_row(r) for r in reversed(rows)]
 
@@ -248,12 +251,7 @@ class Tx:
 
     async def get_archived(self, session_id: str, limit: float = math.inf) -> list[Message]:
         """The last `limit` archived messages of the session, in storage order."""
-        rows = await self._fetch(
-            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ? AND archived = 1"
-            " ORDER BY id DESC LIMIT ?",
-            (session_id, _sql_limit(limit)),
-        )
-        return [_message_from_row(r) for r in reversed(rows)]
+        return await self._tail(session_id, archived=True, limit=limit)
 
     async def get_meta(self, namespace: str, key: str) -> Any | None:
         rows = await self._fetch(
