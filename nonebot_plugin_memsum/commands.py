@@ -165,6 +165,8 @@ def _session_record(bot: Bot, event: MessageEvent) -> SessionRecord:
 
 # ---- the flows ----------------------------------------------------------------------
 async def _compress(call: _Call) -> str:
+    if call.args:  # `/压缩 取消` must not compress
+        return "用法：/压缩（不带参数）"
     try:
         result = await runtime.get().compression.compress(call.record.id)
     except CompressionError as err:
@@ -297,6 +299,8 @@ def _handler(name: str, flow: Flow) -> Callable[..., Awaitable[None]]:
     async def handle(
         matcher: Matcher, bot: Bot, event: MessageEvent, arg: OBMessage | None = CommandArg()
     ) -> None:
+        if str(event.user_id) == bot.self_id:
+            await matcher.finish()  # the bot's own message echoed back (a reply starting with "/")
         owner = await SUPERUSER(bot, event)
         if not owner and not _group_admin(event):
             admins_allowed = runtime.get().config.memsum_group_admin_commands
@@ -310,7 +314,10 @@ def _handler(name: str, flow: Flow) -> Callable[..., Awaitable[None]]:
             except Exception:
                 logger.exception(f"memsum: command {name} failed")
                 text = FAILED
-        await onebot.send_reply(bot, event, text)
+        try:
+            await onebot.send_reply(bot, event, text)
+        except Exception as err:  # the connection (or the bot, shutting down) is gone
+            logger.warning(f"memsum: could not answer {name}: {type(err).__name__}: {err}")
         await matcher.finish()
 
     return handle

@@ -6,6 +6,7 @@ key and what it allows (R-CFG-1); `load_config` turns pydantic's error into that
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -150,11 +151,20 @@ class ConfigError(Exception):
 
 def describe_error(err: ValidationError) -> str:
     """One line naming the first bad key and what it allows, with no secret in it."""
-    first = err.errors(include_url=False, include_input=False)[0]
+    first = err.errors(include_url=False)[0]
     loc = [str(p) for p in first["loc"]]
     key = loc[0].upper() if loc else "MEMSUM"
     where = "".join(f"[{p}]" for p in loc[1:])
-    return f"invalid {key}{where}: {first['msg']}"
+    line = f"invalid {key}{where}: {first['msg']}"
+    raw = first.get("input")
+    if first["type"] in ("list_type", "dict_type") and isinstance(raw, str):
+        # NoneBot passes a value it cannot decode as JSON on as text: say so, not the
+        # value itself (it may hold an API key); the decoder's message names only a place.
+        try:
+            json.loads(raw)
+        except ValueError as bad:
+            line += f"; the value is not valid JSON ({bad})"
+    return line
 
 
 def parse_config(raw: dict[str, Any]) -> Config:

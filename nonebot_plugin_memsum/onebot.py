@@ -156,6 +156,11 @@ def labelled(name: str | None, user_id: int | str, body: str, quote: str = "") -
     return f"{label(name, user_id)} {quote}{neutralise_labels(body)}"
 
 
+def is_empty(message: OBMessage) -> bool:
+    """No segment but blank text: a malformed event (QQ cannot send an empty message)."""
+    return all(seg.type == "text" and not str(seg.data.get("text", "")).strip() for seg in message)
+
+
 def _segments(message: OBMessage) -> list[tuple[str, Mapping[str, Any]]]:
     return [(seg.type, seg.data) for seg in message]
 
@@ -240,6 +245,8 @@ async def _record_locked(
 ) -> Message:
     names = _names_of(record.id)
     name = event.sender.card or event.sender.nickname
+    if isinstance(event, GroupMessageEvent) and event.anonymous is not None:
+        name = f"匿名 {event.anonymous.name}"  # every anonymous member shares one user id
     names[str(event.user_id)] = clean_name(name, str(event.user_id))
     await _fill_at_names(bot, group_id, event.original_message, names)
     quote = ""
@@ -279,8 +286,17 @@ async def send_reply(bot: Bot, event: MessageEvent, text: str, *, quote: bool = 
     """
     threshold = runtime.get().config.memsum_forward_threshold
     if isinstance(event, GroupMessageEvent) and threshold and len(text) > threshold:
+        # Content as a text segment: implementations parse a string as CQ codes, and a
+        # model told to repeat `[CQ:at,qq=all]` must not make the bot @ everyone.
         nodes = [
-            {"type": "node", "data": {"name": "记忆助手", "uin": bot.self_id, "content": part}}
+            {
+                "type": "node",
+                "data": {
+                    "name": "记忆助手",
+                    "uin": bot.self_id,
+                    "content": [{"type": "text", "data": {"text": part}}],
+                },
+            }
             for part in _split(text, 1500)
         ]
         try:
@@ -310,9 +326,13 @@ def register_matchers(priority: int) -> None:
             return
         if str(event.user_id) == bot.self_id:
             return  # the bot's own message echoed back: already stored as an assistant message
-        record, _msg = await record_message(bot, event)
+        if is_empty(event.original_message) and event.reply is None:
+            return  # a malformed event with nothing in it: nothing said, nothing to answer
+        record, msg = await record_message(bot, event)
         if isinstance(event, PrivateMessageEvent) or event.is_tome():
-            runtime.get().agent.request_turn(record.id, _replier(bot, event), entry_of(record))
+            runtime.get().agent.request_turn(
+                record.id, _replier(bot, event), entry_of(record), trigger=msg.id
+            )
 
     @notices.handle()
     async def _(bot: Bot, event: NoticeEvent) -> None:

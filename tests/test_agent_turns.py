@@ -777,3 +777,37 @@ async def test_r_cfg_5_no_chat_model_is_warned_once_not_on_every_turn(tmp_path: 
             await runtime.close(rt)
     assert len([line for line in lines if "no chat" in line]) == 1
     assert replies.texts == [Config().memsum_error_reply] * 3
+
+
+# ---- QA regressions -----------------------------------------------------------------------------
+
+
+async def test_a_queued_turn_whose_message_the_running_turn_read_is_dropped(
+    make_rt: MakeRuntime, llm: ScriptedLLM
+) -> None:
+    # Two @-messages of a burst, both stored before the turn reads history: one answer.
+    rt = await make_rt()
+    first, second = await fill(rt, GROUP, [user("@小记(10000) 在吗"), user("@小记(10000) 在吗？？", 20002)])
+    replies = Replies()
+    rt.agent.request_turn(GROUP.id, replies, GROUP_ENTRY, trigger=first.id)
+    rt.agent.request_turn(GROUP.id, replies, GROUP_ENTRY, trigger=second.id)
+    await rt.agent.wait_idle(GROUP.id)
+    assert len(chat_requests(llm)) == 1
+    assert replies.texts == ["好的"]
+
+
+async def test_a_queued_turn_whose_message_came_after_the_read_still_runs(
+    make_rt: MakeRuntime, llm: ScriptedLLM
+) -> None:
+    rt = await make_rt()
+    (first,) = await fill(rt, GROUP, [user("@小记(10000) 第一个问题")])
+    replies = Replies()
+    with llm.gate(holds=is_chat):
+        rt.agent.request_turn(GROUP.id, replies, GROUP_ENTRY, trigger=first.id)
+        await llm.wait_requests_async(1)
+        (later,) = await fill(rt, GROUP, [user("@小记(10000) 第二个问题", 20002)])
+        rt.agent.request_turn(GROUP.id, replies, GROUP_ENTRY, trigger=later.id)
+    await rt.agent.wait_idle(GROUP.id)
+    _one, two = chat_requests(llm)
+    assert two["messages"][-2] == openai_user(later)
+    assert replies.texts == ["好的", "好的"]

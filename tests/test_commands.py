@@ -362,7 +362,7 @@ async def test_long_summary_goes_out_as_merged_forward_in_groups(app: App) -> No
     )
 
     def forwarded(nodes: Any) -> bool:
-        content = "".join(n["data"]["content"] for n in nodes)
+        content = "".join(seg["data"]["text"] for n in nodes for seg in n["data"]["content"])
         return all(n["type"] == "node" for n in nodes) and long_text in content and "保留原文 2 条" in content
 
     event = group_msg("/摘要", group)
@@ -701,3 +701,53 @@ def test_parse_setting_history_limit_is_an_integer() -> None:
     assert isinstance(parse_setting("history_limit", "40.0"), int)
     with pytest.raises(ValueError, match="整数"):
         parse_setting("history_limit", "inf")
+
+
+# ---- QA regressions ------------------------------------------------------------------------
+
+
+async def test_compress_with_an_argument_answers_the_usage_and_compresses_nothing(app: App) -> None:
+    # `/压缩 取消` read as `/压缩` would compress when the user meant to stop.
+    group = new_group()
+    sid = group_record(SELF_ID, group).id
+    await seed(sid, group, 2)
+    await run(app, group_msg("/压缩 取消", group), "用法：/压缩（不带参数）")
+    assert len(await history(sid)) == 2
+    assert (await runtime.get().compression.status(sid)).last_run is None
+
+
+async def test_a_command_from_the_bots_own_account_is_ignored(app: App) -> None:
+    # Some implementations report the bot's own messages; an answer starting with "/" must
+    # not make the bot answer itself.
+    await run(app, group_msg("/摘要", new_group(), user=int(SELF_ID)), None)
+
+
+async def test_a_forwarded_summary_carries_cq_code_as_text(app: App) -> None:
+    # Implementations parse a string node content as CQ codes: a summary quoting
+    # `[CQ:at,qq=all]` would make the bot @ everyone.
+    group = new_group()
+    sid = group_record(SELF_ID, group).id
+    long_text = "有人发了 [CQ:at,qq=all] 想让机器人复述。" * 20
+    await runtime.get().store.put_meta(SUMMARY_NAMESPACE, sid, {"text": long_text, "kept_messages": 0})
+
+    def as_text(nodes: Any) -> bool:
+        contents = [n["data"]["content"] for n in nodes]
+        return all(seg["type"] == "text" for c in contents for seg in c) and long_text in "".join(
+            seg["data"]["text"] for c in contents for seg in c
+        )
+
+    event = group_msg("/摘要", group)
+    async with app.test_matcher() as ctx:
+        bot = ctx.create_bot(base=Bot, self_id=SELF_ID)
+        ctx.receive_event(bot, event)
+        ctx.should_call_api(
+            "send_group_forward_msg", {"group_id": group, "messages": Satisfies(as_text)}, result={}
+        )
+
+
+async def test_an_empty_message_event_is_neither_recorded_nor_answered(app: App) -> None:
+    group = new_group()
+    await run(app, group_msg("", group, user=20003), None)
+    await run(app, private_msg("  ", user=group), None)  # a private peer of its own
+    assert await history(group_record(SELF_ID, group).id) == []
+    assert await history(private_record(SELF_ID, group).id) == []

@@ -40,6 +40,7 @@ from nonebot_plugin_memsum.compression.service import (
     CLEARED,
     DIVIDER,
     INJECTION_HEAD,
+    STOPPED,
     CompressionResult,
 )
 from nonebot_plugin_memsum.compression.units import build_units
@@ -1459,3 +1460,20 @@ def test_r_inj_2_the_first_sentence_explains_the_kept_originals() -> None:
     assert "按原来的时间顺序" in first
     assert "历史开头" in first
     assert "概括过" in first
+
+
+# ---- QA regressions ------------------------------------------------------------------------------
+async def test_shutdown_abandons_a_manual_run_waiting_on_the_model_and_leaves_the_old_state(env: Env) -> None:
+    # NoneBot shields a command from cancellation: a /压缩 waiting on the model held the
+    # bot's shutdown for the whole model timeout, then hit the closed store.
+    rt = env.rt
+    before = await seed(rt, 4)
+    run, gate = await held_compression(env)
+    await asyncio.wait_for(rt.compression.shutdown(), 10)  # a bound: the gate stays shut
+    assert run.done()
+    with pytest.raises(CompressionError, match=STOPPED):
+        run.result()
+    assert await rt.store.get_history(GROUP.id) == before
+    assert await summary_of(rt) is None
+    assert (await rt.compression.status(GROUP.id)).last_run.reason == STOPPED  # type: ignore[union-attr]
+    gate.open()

@@ -82,3 +82,16 @@ def test_api_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MEMSUM_TEST_KEY")
     with pytest.raises(ConfigError, match="MEMSUM_TEST_KEY"):
         parse_config({"memsum_models": [{**MODEL, "api_key_env": "MEMSUM_TEST_KEY"}]})
+
+
+def test_r_cfg_1_a_json_typo_is_named_as_such_without_the_value() -> None:
+    # `.env` holds MEMSUM_MODELS with a JSON typo: NoneBot hands the text on undecoded.
+    with pytest.raises(ConfigError) as info:
+        parse_config({"memsum_models": "[{id: 'p/m', api_key: 'sk-SECRET'}]"})
+    message = str(info.value)
+    assert message.startswith(
+        "invalid MEMSUM_MODELS: Input should be a valid list; the value is not valid JSON ("
+    )
+    assert "line 1 column 3" in message
+    assert "sk-SECRET" not in message
+    assert "\n" not in message

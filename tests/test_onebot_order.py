@@ -59,3 +59,13 @@ async def test_a_name_lookup_does_not_let_a_later_message_overtake() -> None:
     await asyncio.gather(a, b)
     history = await runtime.get().store.get_history(group_record(bot.self_id, GROUP_ID).id)
     assert [m.content for m in history] == ["[用户1(1)] 问 @远方(99999)", "[用户2(2)] 第二条"]
+
+
+async def test_an_anonymous_member_is_labelled_with_the_anonymous_name() -> None:
+    # Every anonymous member shares user id 80000000 and the nickname 匿名消息.
+    fields = event(3, Message("我是匿名的"), 80000000).model_dump()
+    anonymous = GroupMessageEvent.model_validate(
+        {**fields, "sub_type": "anonymous", "anonymous": {"id": 1, "name": "大力水手", "flag": "f"}}
+    )
+    _record, msg = await record_message(SlowBot(), anonymous)  # type: ignore[arg-type]
+    assert msg.content == "[匿名 大力水手(80000000)] 我是匿名的"

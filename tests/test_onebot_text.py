@@ -92,3 +92,15 @@ def test_forged_quote_of_another_speaker_is_neutralised() -> None:
 def test_a_name_that_is_not_a_string_does_not_crash() -> None:
     assert clean_name(12345, "1") == "12345"  # type: ignore[arg-type]
     assert render_segments([("at", {"qq": "456", "name": 789})], {}) == "@789(456)"
+
+
+def test_is_empty_only_for_blank_text() -> None:
+    from nonebot.adapters.onebot.v11 import Message, MessageSegment
+
+    from nonebot_plugin_memsum.onebot import is_empty
+
+    assert is_empty(Message())
+    assert is_empty(Message([MessageSegment.text(""), MessageSegment.text(" \n")]))
+    assert not is_empty(Message([MessageSegment.image("x.jpg")]))
+    assert not is_empty(Message([MessageSegment.at(10000)]))
+    assert not is_empty(Message("0"))

@@ -56,6 +56,8 @@ class _Worker:
     task: asyncio.Task[None]
     pending: bool = False
     reply: ReplyFn | None = None
+    trigger: int | None = None
+    """The newest stored message that asked for the pending turn (None: unknown)."""
 
 
 @dataclass
@@ -73,6 +75,8 @@ class Agent:
     _workers: dict[str, _Worker] = field(default_factory=dict)
     _contributions: dict[str, list[Contribution]] = field(default_factory=dict)
     _turn_tasks: dict[str, asyncio.Task[Any] | None] = field(default_factory=dict)
+    _read: dict[str, int] = field(default_factory=dict)
+    """The newest message id the session's latest turn put into a prompt."""
 
     # ---- public API -------------------------------------------------------------
     def contribute(self, anchor: str, fn: Contribution) -> None:
@@ -95,10 +99,20 @@ class Agent:
         await self.store.save_session(session)
         return await self._append(session.id, msg)
 
-    def request_turn(self, session_id: str, reply: ReplyFn, entry: Entry = Entry()) -> None:
-        """Answer this session soon: now, or right after the turn in progress."""
+    def request_turn(
+        self, session_id: str, reply: ReplyFn, entry: Entry = Entry(), *, trigger: int | None = None
+    ) -> None:
+        """Answer this session soon: now, or right after the turn in progress.
+
+        `trigger`: the stored id of the message asking; a queued turn is dropped when the
+        turn in progress already read its trigger (a burst gets one answer, not two).
+        """
         worker = self._workers.get(session_id)
         if worker is not None and not worker.task.done():
+            if not worker.pending:
+                worker.trigger = trigger
+            elif worker.trigger is not None:
+                worker.trigger = None if trigger is None else max(worker.trigger, trigger)
             worker.pending, worker.reply = True, reply
             return
         task = asyncio.create_task(self._work(session_id, reply, entry), name=f"memsum-turn-{session_id}")
@@ -210,6 +224,8 @@ class Agent:
             if not worker.pending:
                 return
             worker.pending = False
+            if worker.trigger is not None and worker.trigger <= self._read.get(session_id, -1):
+                return  # the turn that just ended already had the message that asked
             reply = worker.reply or reply
 
     async def _turn(self, turn_id: str, session_id: str, reply: ReplyFn | None, entry: Entry) -> Outcome:
@@ -231,6 +247,8 @@ class Agent:
             offer_tools = round_no < self.config.memsum_max_tool_rounds
             tools = self.tools.schemas() if offer_tools else []
             history = await self.store.get_history(session_id)
+            if history and history[-1].id is not None:
+                self._read[session_id] = history[-1].id
             # R-TRIG-4: the active count at turn start plus the turn's tool calls and results
             # and the inputs that came in meanwhile: all of it is in this read.
             count = sum(m.is_conversation for m in history)

@@ -46,6 +46,7 @@ DIVIDER = "对话已压缩"
 BUSY = "这个会话正在压缩"
 CLEARED = "压缩期间会话被清空"
 CHANGED = "压缩期间历史被改动"
+STOPPED = "机器人正在关闭，压缩已取消"
 # R-INJ-2: fixed, whatever the session.
 INJECTION_HEAD = (
     "保留的原文（如果有）按原来的时间顺序排在之后的历史开头，内容已在下面的摘要里概括过，"
@@ -55,7 +56,7 @@ ESTIMATORS = Estimators(text=estimate_text_tokens, msg=estimate_msg_tokens)
 
 
 class _Cleared(Exception):
-    """The session was cleared while the model had not answered (R-MEM-3)."""
+    """The session was cleared (R-MEM-3), or the bot shuts down, while the model had not answered."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +100,9 @@ class SessionStatus:
 class _Run:
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     committing: bool = False
+    reason: str = CLEARED
+    """Why `cancelled` was set: a clear (R-MEM-3) or the shutdown."""
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 def same_item(a: Message, b: Message) -> bool:
@@ -144,10 +148,18 @@ class CompressionService:
         self.agent.contribute("context", self.injection)
 
     async def shutdown(self) -> None:
+        """Abandon the runs still waiting on the model and wait for every run to end, as
+        the store closes next. NoneBot shields a command from cancellation, so a manual
+        run left alone would hold the shutdown for the whole model timeout."""
+        for run in self._runs.values():
+            if not run.committing:
+                run.reason = STOPPED
+                run.cancelled.set()
         tasks = list(self._background)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(run.finished.wait() for run in list(self._runs.values())))
 
     # ---- public API ------------------------------------------------------------------
     def is_running(self, session_id: str) -> bool:
@@ -294,6 +306,7 @@ class CompressionService:
             return await self._run_inner(session_id, run)
         finally:
             self._runs.pop(session_id, None)
+            run.finished.set()
 
     async def _run_inner(self, session_id: str, run: _Run) -> CompressionResult:
         try:
@@ -312,8 +325,8 @@ class CompressionService:
             await self._failed(session_id, str(err))
             raise
         except _Cleared:
-            await self._failed(session_id, CLEARED)
-            raise CompressionError(CLEARED) from None
+            await self._failed(session_id, run.reason)
+            raise CompressionError(run.reason) from None
         except Exception as err:
             reason = f"内部错误：{type(err).__name__}"
             await self._failed(session_id, reason, err)
