@@ -567,3 +567,13 @@ async def test_tool_calls_without_ids_get_distinct_ids(
     ids = [c.id for c in result.tool_calls]
     assert all(ids)
     assert len(set(ids)) == 2
+
+
+async def test_a_closed_client_refuses_instead_of_opening_a_new_pool(
+    llm: ScriptedLLM, model: ModelConfig
+) -> None:
+    client = LLMClient(timeout=5)
+    await client.aclose()
+    with pytest.raises(LLMConnectError, match="closed"):
+        await chat(client, model, stream=False)
+    assert llm.requests == []

@@ -119,8 +119,11 @@ class LLMClient:
         self._retry = retry
         self._sleep = sleep
         self._http: httpx.AsyncClient | None = None
+        self._closed = False
 
     async def aclose(self) -> None:
+        """Close the connection pool; a call after this fails instead of opening another."""
+        self._closed = True
         if self._http is not None:
             http, self._http = self._http, None
             await http.aclose()
@@ -138,6 +141,8 @@ class LLMClient:
         stream: bool = True,
     ) -> ChatResult:
         """One chat completion; raises an LLMError subclass (errors.py) when it fails."""
+        if self._closed:  # not retried: nothing will reopen it
+            raise LLMConnectError(f"{model.id}: the model client is closed", model_id=model.id)
         body: dict[str, Any] = {"model": model.model, "messages": list(messages), "stream": stream}
         if stream:
             body["stream_options"] = {"include_usage": True}
