@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from nonebot_plugin_memsum.agent.prompt import ANSWERED_LAST
 from tests.fakes.botproc import BotProcess
 from tests.fakes.e2e import SELF_ID as BOT
 from tests.fakes.e2e import connected, group_sid, private_sid, query, until
@@ -274,6 +275,7 @@ async def test_messages_sent_during_a_slow_turn_are_in_the_next_turns_request(
         "[李四(20002)] 顺便说一句",
         "[王五(20003)] @小记(10000) 第二个问题",
         "第一个的答案",
+        ANSWERED_LAST,  # the question before the answer is still open: the prompt says so
     ]
 
 

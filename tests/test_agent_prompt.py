@@ -1,6 +1,7 @@
 """Count trimming, hard trimming and assembly of the chat agent's prompt (pure)."""
 
 from nonebot_plugin_memsum.agent.prompt import (
+    ANSWERED_LAST,
     assemble,
     count_trim,
     hard_trim,
@@ -122,3 +123,22 @@ def test_huge_newest_message_is_cut_for_the_prompt_not_dropped() -> None:
     last = prompt.messages[-1]["content"]
     assert last.startswith("字" * 100)
     assert len(last) < 1000
+
+
+def test_a_prompt_never_ends_with_the_assistants_own_answer() -> None:
+    answered = Message(role="assistant", content="第一个的答案", id=9)
+    prompt = assemble(
+        ["persona"],
+        [user(0), user(1), answered],
+        history_limit=0,
+        trim_budget=10_000,
+        estimate_msg=est,
+        estimate_text=len,
+    )
+    assert prompt.messages[-2] == {"role": "assistant", "content": "第一个的答案"}
+    assert prompt.messages[-1] == {"role": "user", "content": ANSWERED_LAST}
+    ends_with_user = assemble(
+        ["p"], [answered, user(2)], history_limit=0, trim_budget=10_000, estimate_msg=est, estimate_text=len
+    )
+    assert ends_with_user.messages[-1]["role"] == "user"
+    assert ANSWERED_LAST not in [m["content"] for m in ends_with_user.messages]

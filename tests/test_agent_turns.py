@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from nonebot_plugin_memsum import runtime
 from nonebot_plugin_memsum.agent.events import TurnEnded, TurnStarted, UsageEvent
-from nonebot_plugin_memsum.agent.prompt import hard_trim, safe_start
+from nonebot_plugin_memsum.agent.prompt import ANSWERED_LAST, hard_trim, safe_start
 from nonebot_plugin_memsum.agent.tools import TodoItem, ToolContext
 from nonebot_plugin_memsum.agent.turn import SILENT_RECORD, Entry
 from nonebot_plugin_memsum.config import Config, ModelConfig, Tier
@@ -689,6 +689,7 @@ async def test_messages_during_a_turn_go_into_the_next_turn_without_interleaving
         openai_user(first),
         *map(openai_user, during),
         {"role": "assistant", "content": "第一轮的回答"},
+        {"role": "user", "content": ANSWERED_LAST},
     ]
     assert said == [("r1", "第一轮的回答"), ("r3", "第二轮的回答")]
     kinds = [type(e).__name__ for e in events.turns()]
@@ -809,5 +810,6 @@ async def test_a_queued_turn_whose_message_came_after_the_read_still_runs(
         rt.agent.request_turn(GROUP.id, replies, GROUP_ENTRY, trigger=later.id)
     await rt.agent.wait_idle(GROUP.id)
     _one, two = chat_requests(llm)
-    assert two["messages"][-2] == openai_user(later)
+    assert two["messages"][-3] == openai_user(later)
+    assert two["messages"][-1] == {"role": "user", "content": ANSWERED_LAST}
     assert replies.texts == ["好的", "好的"]

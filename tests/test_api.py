@@ -47,7 +47,7 @@ async def test_record_turn_prompt_history_and_events(llm: ScriptedLLM) -> None:
     contents = [m.content for m in await api.history(session.id)]
     assert contents == ["[甲(1)] 今天几号？", "十二月二日"]
     prompt = await api.build_prompt(session.id)
-    assert prompt.messages[-1] == {"role": "assistant", "content": "十二月二日"}
+    assert prompt.messages[-2] == {"role": "assistant", "content": "十二月二日"}
 
 
 async def test_r_cfg_3_child_session_copies_parent_values_once() -> None:

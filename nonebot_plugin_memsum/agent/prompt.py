@@ -18,6 +18,9 @@ from typing import Any
 from nonebot_plugin_memsum.types import Message
 
 CONTEXT_ANCHOR = "context"
+ANSWERED_LAST = (
+    "[通知] 最后一条是你已经发出的回复；它之前到达、你还没有回应的消息请接着回应，没有就只回复 [不回复]。"
+)
 
 
 def conversation(history: Sequence[Message]) -> list[Message]:
@@ -186,6 +189,11 @@ def assemble(
         kept_tokens = estimate_msg(kept[0])
     messages = [{"role": "system", "content": p} for p in system_parts if p]
     messages += [to_openai(m) for m in kept]
+    if kept and kept[-1].role == "assistant" and not kept[-1].tool_calls:
+        # Messages that came in while the last answer was being written are stored
+        # before it; some APIs refuse a prompt that ends with the assistant, and the
+        # model would read the question as answered.
+        messages.append({"role": "user", "content": ANSWERED_LAST})
     return Prompt(
         messages=messages,
         history=kept,
