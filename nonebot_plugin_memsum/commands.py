@@ -22,6 +22,7 @@ from nonebot.matcher import Matcher
 from nonebot.params import CommandArg
 from nonebot.permission import SUPERUSER
 from nonebot.rule import Rule
+from nonebot.typing import T_State
 
 from . import clock, onebot, runtime
 from .compression.service import CompressionError, CompressionResult, SessionStatus
@@ -297,8 +298,9 @@ _COMMANDS: tuple[tuple[str | None, Flow], ...] = (
 
 def _handler(name: str, flow: Flow) -> Callable[..., Awaitable[None]]:
     async def handle(
-        matcher: Matcher, bot: Bot, event: MessageEvent, arg: OBMessage | None = CommandArg()
+        matcher: Matcher, bot: Bot, event: MessageEvent, state: T_State, arg: OBMessage | None = CommandArg()
     ) -> None:
+        onebot.release_arrival(state)  # a command is never stored; a long /压缩 must not hold later messages
         if str(event.user_id) == bot.self_id:
             await matcher.finish()  # the bot's own message echoed back (a reply starting with "/")
         owner = await SUPERUSER(bot, event)

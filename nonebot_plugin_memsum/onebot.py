@@ -9,9 +9,10 @@ someone else or as the bot.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 from nonebot import on_message, on_notice
@@ -32,6 +33,9 @@ from nonebot.adapters.onebot.v11 import (
 )
 from nonebot.adapters.onebot.v11 import Message as OBMessage
 from nonebot.log import logger
+from nonebot.message import event_preprocessor
+from nonebot.params import Depends
+from nonebot.typing import T_State
 
 from . import clock, runtime
 from .agent.turn import Entry
@@ -202,6 +206,11 @@ def _names_of(scope: str) -> dict[str, str]:
     return _names.setdefault(scope, {})
 
 
+def bot_name() -> str:
+    nicknames = runtime.get().nicknames
+    return next(iter(nicknames)) if nicknames else "机器人"
+
+
 async def _fill_at_names(bot: Bot, group_id: int | None, message: OBMessage, names: dict[str, str]) -> None:
     """Look up names of @-mentioned members we have not heard speak yet."""
     for seg in message:
@@ -209,7 +218,7 @@ async def _fill_at_names(bot: Bot, group_id: int | None, message: OBMessage, nam
         if seg.type != "at" or not qq.isdigit() or qq in names or seg.data.get("name"):
             continue
         if qq == bot.self_id:
-            names[qq] = next(iter(runtime.get().nicknames)) if runtime.get().nicknames else "机器人"
+            names[qq] = bot_name()
             continue
         try:
             if group_id is not None:
@@ -223,17 +232,84 @@ async def _fill_at_names(bot: Bot, group_id: int | None, message: OBMessage, nam
             names[qq] = qq
 
 
+# ---- arrival order ------------------------------------------------------------------
+# NoneBot runs the events of a burst concurrently and they reach the matchers in any
+# order; a ticket taken in the event preprocessor (which still sees them in the order
+# they came) lets a session's messages be stored in that order.
+_ARRIVAL = "memsum_arrival"
+Arrival = tuple[str, int]
+"""(session id, ticket)"""
+
+
+class _Arrivals:
+    """Per session, the tickets of events not yet stored nor dropped."""
+
+    def __init__(self) -> None:
+        self._tickets = itertools.count()
+        self._open: defaultdict[str, dict[int, asyncio.Event]] = defaultdict(dict)
+
+    def take(self, session_id: str) -> Arrival:
+        ticket = next(self._tickets)
+        self._open[session_id][ticket] = asyncio.Event()
+        return session_id, ticket
+
+    async def wait_turn(self, arrival: Arrival) -> None:
+        """Until every earlier event of the session is stored or dropped."""
+        session_id, ticket = arrival
+        for earlier, done in list(self._open.get(session_id, {}).items()):
+            if earlier < ticket:
+                await done.wait()
+
+    def done(self, arrival: Arrival) -> None:
+        session_id, ticket = arrival
+        tickets = self._open.get(session_id)
+        if tickets is None or (done := tickets.pop(ticket, None)) is None:
+            return
+        done.set()
+        if not tickets:
+            del self._open[session_id]
+
+
+_arrivals = _Arrivals()
+
+
+def release_arrival(state: T_State) -> None:
+    """This event will not be stored (a command): later messages need not wait for it."""
+    if (arrival := state.get(_ARRIVAL)) is not None:
+        _arrivals.done(arrival)
+
+
+async def _arrival_ticket(bot: Bot, event: MessageEvent, state: T_State) -> AsyncIterator[None]:
+    if isinstance(event, GroupMessageEvent):
+        sid = group_session_id(bot.self_id, event.group_id)
+    else:
+        sid = private_session_id(bot.self_id, event.user_id)
+    state[_ARRIVAL] = arrival = _arrivals.take(sid)
+    try:
+        yield
+    finally:  # on the event's own exit stack: released however its handling ends
+        _arrivals.done(arrival)
+
+
 # ---- recording and answering --------------------------------------------------------
-async def record_message(bot: Bot, event: MessageEvent) -> tuple[SessionRecord, Message]:
-    """Store one message event as a user message of its session."""
+async def record_message(
+    bot: Bot, event: MessageEvent, arrival: Arrival | None = None
+) -> tuple[SessionRecord, Message]:
+    """Store one message event as a user message of its session, after those that came before it."""
     rt = runtime.get()
     if isinstance(event, GroupMessageEvent):
         record = group_record(bot.self_id, event.group_id)
         group_id: int | None = event.group_id
     else:
         record, group_id = private_record(bot.self_id, event.user_id), None
-    async with _recording[record.id]:  # FIFO: a name look-up must not let a later message overtake
-        return record, await _record_locked(rt, bot, event, record, group_id)
+    try:
+        if arrival is not None:
+            await _arrivals.wait_turn(arrival)
+        async with _recording[record.id]:  # FIFO: a name look-up must not let a later message overtake
+            return record, await _record_locked(rt, bot, event, record, group_id)
+    finally:
+        if arrival is not None:
+            _arrivals.done(arrival)
 
 
 async def _record_locked(
@@ -253,11 +329,7 @@ async def _record_locked(
     if event.reply is not None:
         sender = event.reply.sender
         is_bot = str(sender.user_id) == bot.self_id
-        reply_name = (
-            (next(iter(rt.nicknames)) if rt.nicknames else "机器人")
-            if is_bot
-            else (sender.card or sender.nickname)
-        )
+        reply_name = bot_name() if is_bot else (sender.card or sender.nickname)
         quote = quote_marker(
             reply_name, sender.user_id or 0, render_segments(_segments(event.reply.message), names)
         )
@@ -270,6 +342,25 @@ async def _record_locked(
         metadata={"message_id": event.message_id, "user_id": event.user_id},
     )
     return await rt.agent.record(record, msg)
+
+
+async def record_notice(bot: Bot, event: NoticeEvent) -> Message | None:
+    """Store a platform notice worth keeping as a notice message of its session; never answered."""
+    group_id = getattr(event, "group_id", None)
+    user_id = getattr(event, "user_id", None)
+    if group_id:
+        record = group_record(bot.self_id, group_id)
+    elif user_id:
+        record = private_record(bot.self_id, user_id)
+    else:
+        return None
+    names = _names_of(record.id)
+    # A poke at the bot must read as one: the model knows itself by its nickname, not its QQ number.
+    names.setdefault(bot.self_id, bot_name())
+    text = notice_text(event, names)
+    if text is None:
+        return None
+    return await runtime.get().agent.record(record, Message(role="notice", content=text, ts=clock.now()))
 
 
 def _replier(bot: Bot, event: MessageEvent):
@@ -320,15 +411,19 @@ def register_matchers(priority: int) -> None:
     chat = on_message(priority=priority, block=False)
     notices = on_notice(priority=priority, block=False)
 
+    @event_preprocessor
+    async def _(_: None = Depends(_arrival_ticket)) -> None:
+        """Takes the arrival ticket of every message event."""
+
     @chat.handle()
-    async def _(bot: Bot, event: MessageEvent) -> None:
+    async def _(bot: Bot, event: MessageEvent, state: T_State) -> None:
         if not isinstance(event, GroupMessageEvent | PrivateMessageEvent):
             return
         if str(event.user_id) == bot.self_id:
             return  # the bot's own message echoed back: already stored as an assistant message
         if is_empty(event.original_message) and event.reply is None:
             return  # a malformed event with nothing in it: nothing said, nothing to answer
-        record, msg = await record_message(bot, event)
+        record, msg = await record_message(bot, event, state.get(_ARRIVAL))
         if isinstance(event, PrivateMessageEvent) or event.is_tome():
             runtime.get().agent.request_turn(
                 record.id, _replier(bot, event), entry_of(record), trigger=msg.id
@@ -336,15 +431,4 @@ def register_matchers(priority: int) -> None:
 
     @notices.handle()
     async def _(bot: Bot, event: NoticeEvent) -> None:
-        group_id = getattr(event, "group_id", None)
-        user_id = getattr(event, "user_id", None)
-        if group_id:
-            record = group_record(bot.self_id, group_id)
-        elif user_id:
-            record = private_record(bot.self_id, user_id)
-        else:
-            return
-        text = notice_text(event, _names_of(record.id))
-        if text is None:
-            return
-        await runtime.get().agent.record(record, Message(role="notice", content=text, ts=clock.now()))
+        await record_notice(bot, event)

@@ -386,3 +386,25 @@ async def test_a_group_answer_quotes_the_message_it_answers(
     segments = as_segments(call.params.get("message", ""))
     assert segments[0] == {"type": "reply", "data": {"id": str(asked)}}
     assert plain_text(segments) == "在的"
+
+
+async def test_a_burst_in_one_group_is_stored_and_sent_in_the_order_it_came(
+    bot: BotProcess, sim: OneBotSim, llm: ScriptedLLM
+) -> None:
+    # NoneBot's matchers see a burst's events in any order (bursts often came out shuffled;
+    # test_onebot_order shows it deterministically); a command in the middle is never
+    # stored and holds nothing up.
+    group, sid = 50010, group_sid(50010)
+    said_ = [f"第{i}句" for i in range(8)]
+    for i, words in enumerate(said_):
+        await sim.group_message(group, 20001, words, nickname="张三")
+        if i == 3:
+            await sim.group_message(group, 20002, "/摘要", nickname="李四")
+    mark = len(sim.calls)
+    await sim.group_message(group, 20002, [at(BOT), text(" 说完了")], nickname="李四")
+    await said(sim, mark)  # the refusal of /摘要 or the answer
+    rows = await wait_stored(bot, sid, 10)
+    expected = [*(f"[张三(20001)] {w}" for w in said_), "[李四(20002)] @小记(10000) 说完了"]
+    assert [r[1] for r in rows[:9]] == expected
+    (request,) = await llm.wait_requests_async(1)
+    assert contents(request)[:9] == expected

@@ -1,14 +1,15 @@
-"""Messages of one session are stored in the order their handlers started, even when
-rendering one of them waits on the OneBot API (a name look-up for an @)."""
+"""Messages of one session are stored in the order they arrived, even when NoneBot runs
+their handlers in another order or rendering one of them waits on the OneBot API (a name
+look-up for an @)."""
 
 import asyncio
 from typing import Any
 
-from nonebot.adapters.onebot.v11 import GroupMessageEvent, Message, MessageSegment
+from nonebot.adapters.onebot.v11 import GroupMessageEvent, Message, MessageSegment, PokeNotifyEvent
 from nonebot.adapters.onebot.v11.event import Sender
 
-from nonebot_plugin_memsum import runtime
-from nonebot_plugin_memsum.onebot import group_record, record_message
+from nonebot_plugin_memsum import onebot, runtime
+from nonebot_plugin_memsum.onebot import group_record, record_message, record_notice
 
 GROUP_ID = 880_001
 
@@ -69,3 +70,51 @@ async def test_an_anonymous_member_is_labelled_with_the_anonymous_name() -> None
     )
     _record, msg = await record_message(SlowBot(), anonymous)  # type: ignore[arg-type]
     assert msg.content == "[匿名 大力水手(80000000)] 我是匿名的"
+
+
+async def test_a_poke_at_the_bot_names_the_bot_and_is_recorded_not_answered() -> None:
+    poke = PokeNotifyEvent.model_validate(
+        {
+            "time": 1_700_000_000,
+            "self_id": 10000,
+            "post_type": "notice",
+            "notice_type": "notify",
+            "sub_type": "poke",
+            "group_id": GROUP_ID + 1,
+            "user_id": 4,
+            "target_id": 10000,
+        }
+    )
+    msg = await record_notice(SlowBot(), poke)  # type: ignore[arg-type]
+    assert msg is not None
+    assert msg.role == "notice"
+    assert msg.content == "4(4) 戳了戳 小记(10000)"
+
+
+async def test_a_burst_is_stored_in_arrival_order_whatever_order_its_handlers_run() -> None:
+    # NoneBot lets a burst's events reach the matchers in any order; the arrival ticket
+    # taken in the event preprocessor decides the order they are stored in.
+    group = GROUP_ID + 2
+    sid = group_record(SlowBot.self_id, group).id
+    events = [
+        GroupMessageEvent.model_validate(
+            {**event(20 + i, Message(f"第{i}条"), 5).model_dump(), "group_id": group}
+        )
+        for i in range(4)
+    ]
+    arrivals = [onebot._arrivals.take(sid) for _ in events]
+    skipped = onebot._arrivals.take(sid)  # a command between them: never stored
+    late = GroupMessageEvent.model_validate(
+        {**event(30, Message("命令之后"), 5).model_dump(), "group_id": group}
+    )
+    late_arrival = onebot._arrivals.take(sid)
+    tasks = [
+        asyncio.create_task(record_message(SlowBot(), e, a))  # type: ignore[arg-type]
+        for e, a in [(late, late_arrival), *reversed(list(zip(events, arrivals, strict=True)))]
+    ]
+    await asyncio.sleep(0.05)
+    assert all(not t.done() for t in tasks[:1])  # the last one waits for the command's ticket too
+    onebot._arrivals.done(skipped)
+    await asyncio.gather(*tasks)
+    history = await runtime.get().store.get_history(sid)
+    assert [m.content for m in history] == [*(f"[用户5(5)] 第{i}条" for i in range(4)), "[用户5(5)] 命令之后"]
