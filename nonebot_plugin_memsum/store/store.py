@@ -394,29 +394,19 @@ class Store:
         already running cannot undo it: the commit completes and CancelledError
         still propagates.
         """
-        self._refuse_nested()
-        async with self._lock:
-            db = self._db
-            if db is None:
-                raise StoreError("store is not open")
+        async with self._held() as db:
             tx = Tx(db)
-            self._owner = asyncio.current_task()
             try:
-                try:
-                    await db.execute_fetchall("BEGIN IMMEDIATE")
-                    yield tx
-                    tx._end()
-                    await db.execute_fetchall("COMMIT")
-                except BaseException:
-                    tx._end()
-                    # The single worker thread runs queued statements in order, so this
-                    # ROLLBACK lands after whatever a cancelled await had already queued.
-                    await _rollback(db)
-                    raise
-            except sqlite3.Error as err:
-                raise StoreError(f"store transaction failed: {err}") from err
-            finally:
-                self._owner = None
+                await db.execute_fetchall("BEGIN IMMEDIATE")
+                yield tx
+                tx._end()
+                await db.execute_fetchall("COMMIT")
+            except BaseException:
+                tx._end()
+                # The single worker thread runs queued statements in order, so this
+                # ROLLBACK lands after whatever a cancelled await had already queued.
+                await _rollback(db)
+                raise
 
     @contextlib.asynccontextmanager
     async def _statement(self) -> AsyncIterator[Tx]:
@@ -427,19 +417,27 @@ class Store:
         coroutine's open transaction on the shared connection. Skipping BEGIN and
         COMMIT saves two trips to the database thread on the per-message path.
         """
+        async with self._held() as db:
+            tx = Tx(db)
+            try:
+                yield tx
+            finally:
+                tx._end()
+
+    @contextlib.asynccontextmanager
+    async def _held(self) -> AsyncIterator[aiosqlite.Connection]:
+        """The open connection, behind the one lock, owned by the calling task."""
         self._refuse_nested()
         async with self._lock:
             db = self._db
             if db is None:
                 raise StoreError("store is not open")
-            tx = Tx(db)
             self._owner = asyncio.current_task()
             try:
-                yield tx
+                yield db
             except sqlite3.Error as err:
-                raise StoreError(f"store read failed: {err}") from err
+                raise StoreError(f"store call failed: {err}") from err
             finally:
-                tx._end()
                 self._owner = None
 
     async def save_session(self, rec: SessionRecord) -> SessionRecord:
