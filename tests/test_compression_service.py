@@ -759,6 +759,25 @@ async def test_r_tpl_5_unstructured_summary_is_folded_into_the_template(env: Env
     second = model.summary_requests()[1]
     assert existing_summary_of(second) == "大家在闲聊，没有什么要紧的事。"
     assert "请把其中的内容按意思归入「最近在聊什么」「谁有问题没回应」「关键原话要点」" in user_of(second)
+    assert "旧内容里仍然成立的不要丢" in user_of(second)
+
+
+async def test_r_tpl_5_summary_with_topic_sub_headings_is_merged_not_folded(env: Env) -> None:
+    # R-TPL-5: 「按话题分段」 invites sub-headings and bold topic lines inside the sections.
+    rt, model = env.rt, env.model
+    topics = (
+        "## 最近在聊什么\n### 周末爬山\n甲(1) 约大家周六爬山\n**话题：新游戏**\n乙(2) 推荐了一款游戏\n"
+        "## 谁有问题没回应\n无\n## 关键原话要点\n无"
+    )
+    await seed(rt, 3)
+    model.summary.append(Reply(f"【保留原文】无\n{topics}"))
+    await rt.compression.compress(GROUP.id)
+    await seed(rt, 3, start=3)
+    await rt.compression.compress(GROUP.id)
+    second = model.summary_requests()[1]
+    assert existing_summary_of(second) == topics
+    assert "请在已有摘要的同名小节上合并更新：旧内容里仍然成立的不要丢" in user_of(second)
+    assert "按意思归入" not in user_of(second)
 
 
 # ---- R-RUN-8: replies that still succeed ------------------------------------------------------

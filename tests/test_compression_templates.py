@@ -7,7 +7,6 @@ from nonebot_plugin_memsum.compression.templates import (
     WORK,
     choose_template,
     has_template_sections,
-    section_titles,
     summary_part,
     summary_part_overhead,
     system_prompt,
@@ -112,7 +111,37 @@ def test_r_tpl_5_unstructured_or_other_template_summary_is_folded() -> None:
         part = summary_part(CHAT, old)
         assert "按意思归入「最近在聊什么」「谁有问题没回应」「关键原话要点」" in part
         assert "不要保留这些小节之外的小节" in part
+        assert "旧内容里仍然成立的不要丢" in part
         assert len(part) - len(old) <= summary_part_overhead(CHAT)
+
+
+TOPICS = (
+    "## 最近在聊什么\n### 周末爬山\n甲(1) 约大家周六爬山\n**话题：新游戏**\n乙(2) 推荐了一款游戏\n"
+    "## 谁有问题没回应\n无\n## 关键原话要点\n#### 约定\n周六 8 点集合"
+)
+
+
+def test_r_tpl_5_sub_headings_and_bold_topics_inside_the_sections_are_structured() -> None:
+    # R-TPL-5: the chat template's 「按话题分段」 invites sub-headings and bold topic lines.
+    assert has_template_sections(TOPICS, CHAT)
+    part = summary_part(CHAT, TOPICS)
+    assert "同名小节上合并更新" in part
+    assert "按意思归入" not in part
+    # `###` sections with bold topics inside them
+    bold = "### 目标\n**周报**\n写完\n### 做过的决定\n无\n### 改过的文件\n无\n### 未完成的事\n无"
+    assert has_template_sections(bold, WORK)
+
+
+def test_r_tpl_5_a_heading_outside_the_sections_is_folded() -> None:
+    # at a section's own rank: a section outside the template
+    assert not has_template_sections(TOPICS + "\n## 杂项\n无", CHAT)
+    # before the first section: outside every section
+    assert not has_template_sections("### 前言\n" + TOPICS, CHAT)
+    assert not has_template_sections("# 摘要\n" + TOPICS, CHAT)
+    # a sub-heading ranked above the sections it sits in is a section of its own
+    assert not has_template_sections(TOPICS.replace("### 周末爬山", "# 周末爬山"), CHAT)
+    # another template's sections with topics inside them
+    assert not has_template_sections(TOPICS, WORK)
 
 
 def test_r_tpl_5_no_existing_summary_no_part() -> None:
@@ -122,8 +151,8 @@ def test_r_tpl_5_no_existing_summary_no_part() -> None:
 
 def test_r_tpl_5_section_headings_are_parsed() -> None:
     text = "# 目标\n做完\n＃＃ 做过的决定：\n**改过的文件**\n### 未完成的事 ###\n正文 ## 不是标题"
-    assert section_titles(text) == ("目标", "做过的决定", "改过的文件", "未完成的事")
     assert has_template_sections(text, WORK)
+    assert not has_template_sections(text.replace("**改过的文件**", "改过的文件"), WORK)
     # an extra section means a different structure
     assert not has_template_sections(text + "\n## 杂项\n无", WORK)
     assert not has_template_sections("## 目标\n无", WORK)

@@ -67,24 +67,42 @@ def choose_template(record: SessionRecord | None, is_owner: Callable[[str], bool
     return WORK
 
 
-_HEADING = re.compile(r"^\s*(?:[#＃]{1,6}\s*(?P<atx>.+?)\s*[#＃]*|\*\*(?P<bold>[^*]+?)\*\*\s*[:：]?)\s*$")
+_HEADING = re.compile(
+    r"^\s*(?:(?P<hashes>[#＃]{1,6})\s*(?P<atx>.+?)\s*[#＃]*|\*\*(?P<bold>[^*]+?)\*\*\s*[:：]?)\s*$"
+)
+_BOLD_RANK = 7  # a whole-line bold title ranks below every `#` level
 
 
-def section_titles(summary: str) -> tuple[str, ...]:
-    """The section headings of a summary: Markdown `#` headings and whole-line bold."""
-    titles: list[str] = []
+def _headings(summary: str) -> list[tuple[str, int]]:
+    """A summary's headings in order, as (title, rank): `#` count, or 7 for whole-line bold."""
+    found: list[tuple[str, int]] = []
     for line in summary.splitlines():
         m = _HEADING.match(line)
         if m:
             title = (m.group("atx") or m.group("bold") or "").strip("*:： \t")
             if title:
-                titles.append(title)
-    return tuple(titles)
+                found.append((title, len(m.group("hashes")) if m.group("hashes") else _BOLD_RANK))
+    return found
 
 
 def has_template_sections(summary: str, template: Template) -> bool:
-    """Whether `summary` is written in exactly this template's sections (R-TPL-5)."""
-    return set(section_titles(summary)) == set(template.titles)
+    """Whether `summary` is written in this template's sections (R-TPL-5).
+
+    Every section title is a heading; any other heading is a sub-heading inside a
+    section (the chat template's 「按话题分段」 invites `### 话题` or a bold topic line):
+    it comes after the first section and ranks below every section heading. A heading
+    before the first section or at a section's rank is a section outside the template.
+    """
+    headings = _headings(summary)
+    sections = [(i, rank) for i, (title, rank) in enumerate(headings) if title in template.titles]
+    if {headings[i][0] for i, _ in sections} != set(template.titles):
+        return False
+    first, lowest = sections[0][0], max(rank for _, rank in sections)
+    return all(
+        i > first and rank > lowest
+        for i, (title, rank) in enumerate(headings)
+        if title not in template.titles
+    )
 
 
 def system_prompt(template: Template, *, budget: int, keep_cap: int) -> str:
@@ -140,7 +158,7 @@ def _merge_ask(template: Template, *, structured: bool) -> str:
     titles = "".join(f"「{t}」" for t in template.titles)
     return (
         f"已有摘要没有这些小节（或小节与本模板不同）：请把其中的内容按意思归入{titles}，"
-        "与新的对话一起输出完整的新摘要，不要保留这些小节之外的小节。"
+        "旧内容里仍然成立的不要丢，与新的对话一起输出完整的新摘要，不要保留这些小节之外的小节。"
     )
 
 
