@@ -71,7 +71,7 @@ class InstantClient(LLMClient):
         reasoning_effort: str | None = None,
         stream: bool = True,
     ) -> ChatResult:
-        await self._ledger_fn(session_id, purpose, model.id, 1000, 5)
+        await self._ledger_fn(session_id, purpose, model.id, 1000, 5, 0)
         return ChatResult("好的，收到。", (), "stop", Usage(1000, 5), model.id)
 
 

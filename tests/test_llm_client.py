@@ -34,11 +34,11 @@ MESSAGES = [
 TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
 
 
-class Ledger(list[tuple[str | None, str, str, int, int]]):
+class Ledger(list[tuple[str | None, str, str, int, int, int]]):
     async def __call__(
-        self, session_id: str | None, purpose: str, model_id: str, t_in: int, t_out: int
+        self, session_id: str | None, purpose: str, model_id: str, t_in: int, t_out: int, t_cached: int
     ) -> None:
-        self.append((session_id, purpose, model_id, t_in, t_out))
+        self.append((session_id, purpose, model_id, t_in, t_out, t_cached))
 
 
 class Sleeps(list[float]):
@@ -123,7 +123,7 @@ async def test_stream_content_usage_and_request(
     assert "max_tokens" not in body
     assert "tools" not in body
     assert llm.request_headers[0]["authorization"] == f"Bearer {API_KEY}"
-    assert ledger == [("onebot:group:1", "chat", "test/model", 31, 9)]
+    assert ledger == [("onebot:group:1", "chat", "test/model", 31, 9, 0)]
 
 
 async def test_stream_tool_calls(client: LLMClient, llm: ScriptedLLM, model: ModelConfig) -> None:
@@ -164,7 +164,7 @@ async def test_plain_json_content_tool_calls_usage(
     body = llm.requests[0]
     assert body["stream"] is False
     assert "stream_options" not in body
-    assert ledger == [("onebot:group:1", "chat", "test/model", 40, 12)]
+    assert ledger == [("onebot:group:1", "chat", "test/model", 40, 12, 0)]
 
 
 async def test_reasoning_effort_and_max_tokens_are_sent(
@@ -191,7 +191,37 @@ async def test_ledger_gets_estimates_when_the_api_reports_no_usage(
     assert result.usage is None
     est = tokens.estimate_text_tokens
     expected_in = sum(tokens.MESSAGE_OVERHEAD + est(m["content"]) for m in MESSAGES)
-    assert ledger == [("onebot:group:1", "chat", "test/model", expected_in, est("好的，晚上见。"))]
+    assert ledger == [("onebot:group:1", "chat", "test/model", expected_in, est("好的，晚上见。"), 0)]
+
+
+# The two spellings of a prompt-cache hit: OpenAI's `prompt_tokens_details.cached_tokens`
+# (https://platform.openai.com/docs/guides/prompt-caching) and DeepSeek's
+# `prompt_cache_hit_tokens` (https://api-docs.deepseek.com/guides/kv_cache).
+@pytest.mark.parametrize(
+    "usage",
+    [
+        {"prompt_tokens": 2006, "completion_tokens": 300, "prompt_tokens_details": {"cached_tokens": 1920}},
+        {
+            "prompt_tokens": 2006,
+            "completion_tokens": 300,
+            "prompt_cache_hit_tokens": 1920,
+            "prompt_cache_miss_tokens": 86,
+        },
+    ],
+)
+@pytest.mark.parametrize("stream", [True, False])
+async def test_cached_prompt_tokens_reach_the_ledger(
+    client: LLMClient,
+    llm: ScriptedLLM,
+    model: ModelConfig,
+    ledger: Ledger,
+    usage: dict[str, Any],
+    stream: bool,
+) -> None:
+    llm.push(Reply("好的", usage=usage))
+    result = await chat(client, model, stream=stream)
+    assert result.usage == Usage(2006, 300, 1920)
+    assert ledger == [("onebot:group:1", "chat", "test/model", 2006, 300, 1920)]
 
 
 async def test_a_failing_ledger_does_not_fail_the_call(

@@ -501,6 +501,16 @@ async def test_ledger_totals_per_purpose(store: Store, monkeypatch: pytest.Monke
     assert _raw(store.path, "SELECT COUNT(*) FROM ledger WHERE session_id IS NULL") == [(1,)]
 
 
+async def test_ledger_keeps_cached_prompt_tokens(store: Store) -> None:
+    # A prompt-cache hit costs a fraction of a miss: the ledger keeps it apart (issue 8).
+    await store.record_usage(SID, "chat", "ds/chat", 1200, 30, 1024)
+    await store.record_usage(SID, "chat", "ds/chat", 100, 5)
+    assert _raw(store.path, "SELECT tokens_in, tokens_out, tokens_cached FROM ledger ORDER BY id") == [
+        (1200, 30, 1024),
+        (100, 5, 0),
+    ]
+
+
 async def test_save_session_first_write_wins(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     from nonebot_plugin_memsum import clock
     from nonebot_plugin_memsum.types import SessionRecord

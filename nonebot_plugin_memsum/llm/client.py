@@ -44,8 +44,9 @@ from .errors import (
 )
 from .tokens import MESSAGE_OVERHEAD, estimate_text_tokens
 
-LedgerFn = Callable[[str | None, str, str, int, int], Awaitable[None]]
-"""(session_id, purpose, model_id, tokens_in, tokens_out), awaited after each successful call."""
+LedgerFn = Callable[[str | None, str, str, int, int, int], Awaitable[None]]
+"""(session_id, purpose, model_id, tokens_in, tokens_out, tokens_cached), awaited after each
+successful call; tokens_cached is the part of tokens_in the provider's prompt cache served."""
 
 _DETAIL_CHARS = 200
 
@@ -56,6 +57,8 @@ class Usage:
 
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0
+    """Part of prompt_tokens served from the provider's prompt cache (cheaper)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,14 +230,16 @@ class LLMClient:
     ) -> None:
         if self._ledger is None:
             return
+        cached = 0
         if result.usage is not None:
             tokens_in, tokens_out = result.usage.prompt_tokens, result.usage.completion_tokens
+            cached = result.usage.cached_tokens
         else:
             tokens_in = sum(_estimate_message(m) for m in messages)
             tokens_out = estimate_text_tokens(result.content) + estimate_text_tokens(result.reasoning)
             tokens_out += sum(estimate_text_tokens(c.name + c.arguments) for c in result.tool_calls)
         try:
-            await self._ledger(session_id, purpose, result.model_id, tokens_in, tokens_out)
+            await self._ledger(session_id, purpose, result.model_id, tokens_in, tokens_out, cached)
         except Exception as err:
             logger.warning(f"memsum: usage ledger failed for {result.model_id}: {type(err).__name__}: {err}")
 
@@ -327,12 +332,28 @@ def _parse_completion(model: ModelConfig, body: bytes) -> ChatResult:
 
 
 def _usage(raw: object) -> Usage | None:
+    """A `usage` object in any provider's spelling; None when it holds no token count."""
     if not isinstance(raw, dict):
         return None
     prompt, completion = raw.get("prompt_tokens"), raw.get("completion_tokens")
     if not isinstance(prompt, int) and not isinstance(completion, int):
         return None
-    return Usage(prompt if isinstance(prompt, int) else 0, completion if isinstance(completion, int) else 0)
+    details = raw.get("prompt_tokens_details")
+    cached = next(
+        (
+            n
+            for n in (
+                details.get("cached_tokens") if isinstance(details, dict) else None,  # OpenAI
+                raw.get("prompt_cache_hit_tokens"),  # DeepSeek
+                raw.get("cached_tokens"),  # Moonshot
+            )
+            if isinstance(n, int)
+        ),
+        0,
+    )
+    return Usage(
+        prompt if isinstance(prompt, int) else 0, completion if isinstance(completion, int) else 0, cached
+    )
 
 
 @dataclass
@@ -354,12 +375,11 @@ class _Stream:
     done: bool = False
 
     def feed(self, chunk: Mapping[str, Any]) -> None:
-        usage = _usage(chunk.get("usage"))
-        if usage is not None:
-            self.usage = usage
+        self._feed_usage(chunk.get("usage"))
         for choice in chunk.get("choices") or ():
             if choice.get("index", 0) != 0:
                 continue
+            self._feed_usage(choice.get("usage"))  # Moonshot puts it in the finishing choice
             delta = choice.get("delta") or {}
             if isinstance(delta.get("content"), str):
                 self.content.append(delta["content"])
@@ -370,6 +390,11 @@ class _Stream:
                 self._feed_call(part.get("index", pos), part)
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
+
+    def _feed_usage(self, raw: object) -> None:
+        usage = _usage(raw)
+        if usage is not None:
+            self.usage = usage
 
     def _feed_call(self, index: int, part: Mapping[str, Any]) -> None:
         call = self.calls.setdefault(index, _PartialCall())

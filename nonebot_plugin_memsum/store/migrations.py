@@ -103,7 +103,14 @@ async def _m002_message_tokens(db: aiosqlite.Connection) -> None:
     await db.execute("ALTER TABLE messages ADD COLUMN tokens INTEGER")
 
 
-MIGRATIONS: tuple[Migration, ...] = (_m001_initial, _m002_message_tokens)
+async def _m003_ledger_cached_tokens(db: aiosqlite.Connection) -> None:
+    # Prompt tokens the provider served from its cache (DeepSeek `prompt_cache_hit_tokens`,
+    # OpenAI `prompt_tokens_details.cached_tokens`): they are part of tokens_in but cost
+    # a fraction of it, so a cost figure needs them apart. Older rows knew none: 0.
+    await db.execute("ALTER TABLE ledger ADD COLUMN tokens_cached INTEGER NOT NULL DEFAULT 0")
+
+
+MIGRATIONS: tuple[Migration, ...] = (_m001_initial, _m002_message_tokens, _m003_ledger_cached_tokens)
 
 
 async def migrate(db: aiosqlite.Connection, migrations: Sequence[Migration] = MIGRATIONS) -> int:

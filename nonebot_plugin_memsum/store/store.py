@@ -300,12 +300,19 @@ class Tx:
         )
 
     async def record_usage(
-        self, session_id: str | None, purpose: str, model: str, tokens_in: int, tokens_out: int
+        self,
+        session_id: str | None,
+        purpose: str,
+        model: str,
+        tokens_in: int,
+        tokens_out: int,
+        tokens_cached: int = 0,
     ) -> None:
+        """One call's tokens; `tokens_cached` is the part of `tokens_in` the provider's cache served."""
         await self._fetch(
-            "INSERT INTO ledger (session_id, purpose, model, tokens_in, tokens_out, ts)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
-            (session_id, purpose, model, tokens_in, tokens_out, clock.now()),
+            "INSERT INTO ledger (session_id, purpose, model, tokens_in, tokens_out, tokens_cached, ts)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (session_id, purpose, model, tokens_in, tokens_out, tokens_cached, clock.now()),
         )
 
     async def usage_totals(self, session_id: str) -> dict[str, tuple[int, int]]:
@@ -510,10 +517,16 @@ class Store:
             await tx.delete_setting(scope, scope_key, name)
 
     async def record_usage(
-        self, session_id: str | None, purpose: str, model: str, tokens_in: int, tokens_out: int
+        self,
+        session_id: str | None,
+        purpose: str,
+        model: str,
+        tokens_in: int,
+        tokens_out: int,
+        tokens_cached: int = 0,
     ) -> None:
         async with self._statement() as tx:
-            await tx.record_usage(session_id, purpose, model, tokens_in, tokens_out)
+            await tx.record_usage(session_id, purpose, model, tokens_in, tokens_out, tokens_cached)
 
     async def usage_totals(self, session_id: str) -> dict[str, tuple[int, int]]:
         async with self._statement() as tx:

@@ -37,7 +37,7 @@ class Reply:
     """[{"id", "name", "arguments"}]"""
     finish_reason: str | None = "stop"
     """None: a stream sends no finish reason at all."""
-    usage: dict[str, int] | Literal["auto"] | None = "auto"
+    usage: dict[str, Any] | Literal["auto"] | None = "auto"
     """The default "auto": a plausible count (prompt ≈ message characters / 2 + 4 per message,
     completion ≈ output characters / 2 + 1); a dict: sent as given; None: omitted.
     Streams carry it in a last chunk only when the request asks (`include_usage`)."""
@@ -288,7 +288,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
 
 
-def _usage(body: dict[str, Any], reply: Reply) -> dict[str, int] | None:
+def _usage(body: dict[str, Any], reply: Reply) -> dict[str, Any] | None:
     if reply.usage != "auto":
         return reply.usage
     messages = body.get("messages") or []
