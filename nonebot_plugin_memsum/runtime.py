@@ -1,4 +1,5 @@
-"""What the plugin runs once started: one store, one HTTP client, one agent, one bus.
+"""What the plugin runs once started: one store, one HTTP client, one agent, one bus,
+and the OneBot layer's bounded state.
 
 Created in NoneBot's on_startup and stopped in on_shutdown (both idempotent); importing
 the plugin opens nothing.
@@ -19,6 +20,7 @@ from .compression.service import CompressionService
 from .config import Config
 from .llm import LLMClient, Registry
 from .llm.tokens import aload_encoding, encoding_name
+from .onebot.state import OneBotState
 from .settings import Settings
 from .store import Store
 
@@ -36,6 +38,8 @@ class Runtime:
     agent: Agent
     compression: CompressionService
     nicknames: list[str] = field(default_factory=list)
+    onebot: OneBotState = field(default_factory=OneBotState)
+    """Names, arrival tickets and recording locks of the OneBot layer, bounded."""
 
 
 _current: Runtime | None = None

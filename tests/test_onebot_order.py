@@ -8,7 +8,7 @@ from typing import Any
 from nonebot.adapters.onebot.v11 import GroupMessageEvent, Message, MessageSegment, PokeNotifyEvent
 from nonebot.adapters.onebot.v11.event import Sender
 
-from nonebot_plugin_memsum import onebot, runtime
+from nonebot_plugin_memsum import runtime
 from nonebot_plugin_memsum.onebot import group_record, record_message, record_notice
 
 GROUP_ID = 880_001
@@ -102,19 +102,20 @@ async def test_a_burst_is_stored_in_arrival_order_whatever_order_its_handlers_ru
         )
         for i in range(4)
     ]
-    arrivals = [onebot._arrivals.take(sid) for _ in events]
-    skipped = onebot._arrivals.take(sid)  # a command between them: never stored
+    tickets = runtime.get().onebot.arrivals
+    arrivals = [tickets.take(sid) for _ in events]
+    skipped = tickets.take(sid)  # a command between them: never stored
     late = GroupMessageEvent.model_validate(
         {**event(30, Message("命令之后"), 5).model_dump(), "group_id": group}
     )
-    late_arrival = onebot._arrivals.take(sid)
+    late_arrival = tickets.take(sid)
     tasks = [
         asyncio.create_task(record_message(SlowBot(), e, a))  # type: ignore[arg-type]
         for e, a in [(late, late_arrival), *reversed(list(zip(events, arrivals, strict=True)))]
     ]
     await asyncio.sleep(0.05)
     assert all(not t.done() for t in tasks[:1])  # the last one waits for the command's ticket too
-    onebot._arrivals.done(skipped)
+    tickets.done(skipped)
     await asyncio.gather(*tasks)
     history = await runtime.get().store.get_history(sid)
     assert [m.content for m in history] == [*(f"[用户5(5)] 第{i}条" for i in range(4)), "[用户5(5)] 命令之后"]

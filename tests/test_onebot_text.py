@@ -1,16 +1,15 @@
-"""How OneBot messages and notices become labelled text (pure parts of onebot.py)."""
+"""How OneBot messages and notices become labelled text (onebot/render.py, pure)."""
 
 import re
 
-from nonebot_plugin_memsum.onebot import (
+from nonebot_plugin_memsum.onebot.render import (
     clean_name,
-    group_session_id,
     labelled,
     neutralise_labels,
-    private_session_id,
     quote_marker,
     render_segments,
 )
+from nonebot_plugin_memsum.onebot.sessions import group_session_id, private_session_id
 
 LABEL = re.compile(r"^\s*[\[［【][^\n\]］】]*[(（]\s*\d+\s*[)）]\s*[\]］】]", re.M)
 
@@ -97,7 +96,7 @@ def test_a_name_that_is_not_a_string_does_not_crash() -> None:
 def test_is_empty_only_for_blank_text() -> None:
     from nonebot.adapters.onebot.v11 import Message, MessageSegment
 
-    from nonebot_plugin_memsum.onebot import is_empty
+    from nonebot_plugin_memsum.onebot.render import is_empty
 
     assert is_empty(Message())
     assert is_empty(Message([MessageSegment.text(""), MessageSegment.text(" \n")]))

@@ -1,0 +1,33 @@
+"""OneBot v11 in and out.
+
+| module | what it holds |
+|---|---|
+| `sessions` | session ids and records from groups and private peers |
+| `render` | events as text, pure: labels, forgery neutralisation, segments, quotes, notices |
+| `state` | what the layer remembers, owned by the runtime, bounded: names, arrival tickets, locks |
+| `names` | names as a place sees them: cache, else the implementation's API |
+| `record` | a message or a notice recorded in arrival order (also the path for fetched history) |
+| `send` | answers: quote, merged-forward |
+| `matchers` | the NoneBot matchers and the arrival-ticket preprocessor |
+"""
+
+from .matchers import register_matchers, release_arrival
+from .record import record_message, record_notice
+from .send import send_reply
+from .sessions import PLATFORM, entry_of, group_record, group_session_id, private_record, private_session_id
+from .state import OneBotState
+
+__all__ = [
+    "PLATFORM",
+    "OneBotState",
+    "entry_of",
+    "group_record",
+    "group_session_id",
+    "private_record",
+    "private_session_id",
+    "record_message",
+    "record_notice",
+    "register_matchers",
+    "release_arrival",
+    "send_reply",
+]

@@ -1,0 +1,217 @@
+"""What the OneBot layer remembers between events, owned by the runtime and bounded.
+
+A bot in thousands of groups must not grow without limit: names are an LRU bounded by
+entries and by approximate bytes, with expiry and idle eviction; arrival tickets and
+per-session recording locks exist only while an event of their session is in flight.
+No I/O and no nonebot import here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import OrderedDict, defaultdict
+from collections.abc import AsyncIterator, Callable, Hashable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from nonebot_plugin_memsum import clock
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+@dataclass
+class _Entry(Generic[V]):
+    value: V
+    size: int
+    expires: float
+    used: float
+
+
+class BoundedCache(Generic[K, V]):
+    """An LRU bounded by entries and by approximate bytes; entries expire after their
+    time to live, and entries nobody read for `idle_seconds` are dropped."""
+
+    def __init__(
+        self,
+        *,
+        max_entries: int,
+        max_bytes: int,
+        idle_seconds: float,
+        size: Callable[[K, V], int],
+        now: Callable[[], float] = lambda: clock.now(),
+    ) -> None:
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.idle_seconds = idle_seconds
+        self._size = size
+        self._now = now
+        self._entries: OrderedDict[K, _Entry[V]] = OrderedDict()
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: K) -> V | None:
+        """The live value, marked as just used; None when absent or expired."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        now = self._now()
+        if entry.expires <= now:
+            self.pop(key)
+            return None
+        entry.used = now
+        self._entries.move_to_end(key)
+        return entry.value
+
+    def put(self, key: K, value: V, ttl: float) -> None:
+        self.pop(key)
+        now = self._now()
+        entry = _Entry(value, self._size(key, value), now + ttl, now)
+        self._entries[key] = entry
+        self.bytes += entry.size
+        self._evict(now)
+
+    def pop(self, key: K) -> V | None:
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return None
+        self.bytes -= entry.size
+        return entry.value
+
+    def _evict(self, now: float) -> None:
+        # Least recently used first: over a bound, or idle (the order is the order of use).
+        while self._entries:
+            key, oldest = next(iter(self._entries.items()))
+            over = len(self._entries) > self.max_entries or self.bytes > self.max_bytes
+            if not over and oldest.used > now - self.idle_seconds:
+                return
+            self.pop(key)
+
+
+# ---- names --------------------------------------------------------------------------
+NAME_TTL = 3600.0
+"""A name is looked up again after an hour: cards change, and a card-change notice can be missed."""
+UNKNOWN_NAME_TTL = 300.0
+"""A failed look-up is not retried for each message for five minutes."""
+NAME_ENTRIES = 100_000
+NAME_BYTES = 16 * 1024 * 1024
+NAME_IDLE = 24 * 3600.0
+_ENTRY_OVERHEAD = 240  # an OrderedDict slot, the tuple key, the entry object (measured roughly)
+
+
+def _name_size(key: tuple[str, str], name: str) -> int:
+    scope, uid = key
+    return _ENTRY_OVERHEAD + len(scope) + len(uid) + 4 * len(name)
+
+
+class NameCache:
+    """Display names as a place sees them (card, else nickname), per scope (a session)."""
+
+    def __init__(
+        self,
+        *,
+        max_entries: int = NAME_ENTRIES,
+        max_bytes: int = NAME_BYTES,
+        idle_seconds: float = NAME_IDLE,
+        now: Callable[[], float] = lambda: clock.now(),
+    ) -> None:
+        self._cache: BoundedCache[tuple[str, str], str] = BoundedCache(
+            max_entries=max_entries, max_bytes=max_bytes, idle_seconds=idle_seconds, size=_name_size, now=now
+        )
+
+    def get(self, scope: str, user_id: int | str) -> str | None:
+        return self._cache.get((scope, str(user_id)))
+
+    def put(self, scope: str, user_id: int | str, name: str, ttl: float = NAME_TTL) -> None:
+        self._cache.put((scope, str(user_id)), name, ttl)
+
+    def forget(self, scope: str, user_id: int | str) -> None:
+        self._cache.pop((scope, str(user_id)))
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    @property
+    def bytes(self) -> int:
+        return self._cache.bytes
+
+
+# ---- arrival order ------------------------------------------------------------------
+Arrival = tuple[str, int]
+"""(session id, ticket)"""
+
+
+class Arrivals:
+    """Per session, the tickets of events not yet stored nor dropped.
+
+    NoneBot runs the events of a burst concurrently and they reach the matchers in any
+    order; a ticket taken in the event preprocessor (which still sees them in the order
+    they came) lets a session's messages be stored in that order.
+    """
+
+    def __init__(self) -> None:
+        self._tickets = itertools.count()
+        self._open: defaultdict[str, dict[int, asyncio.Event]] = defaultdict(dict)
+
+    def take(self, session_id: str) -> Arrival:
+        ticket = next(self._tickets)
+        self._open[session_id][ticket] = asyncio.Event()
+        return session_id, ticket
+
+    async def wait_turn(self, arrival: Arrival) -> None:
+        """Until every earlier event of the session is stored or dropped."""
+        session_id, ticket = arrival
+        for earlier, done in list(self._open.get(session_id, {}).items()):
+            if earlier < ticket:
+                await done.wait()
+
+    def done(self, arrival: Arrival) -> None:
+        session_id, ticket = arrival
+        tickets = self._open.get(session_id)
+        if tickets is None or (done := tickets.pop(ticket, None)) is None:
+            return
+        done.set()
+        if not tickets:
+            del self._open[session_id]
+
+    def __len__(self) -> int:
+        """Sessions with an event in flight."""
+        return len(self._open)
+
+
+class KeyedLocks:
+    """One FIFO lock per key, kept only while someone holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (None, 0))
+        lock = lock or asyncio.Lock()
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users <= 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+
+@dataclass
+class OneBotState:
+    """Everything the OneBot layer keeps between events; the runtime owns one."""
+
+    names: NameCache = field(default_factory=NameCache)
+    arrivals: Arrivals = field(default_factory=Arrivals)
+    recording: KeyedLocks = field(default_factory=KeyedLocks)
