@@ -35,10 +35,45 @@ def test_r_run_7_markdown_markers_before_heading() -> None:
 
 
 def test_r_run_7_numbers_on_following_lines_until_another_line() -> None:
-    reply = f"【保留原文】\n#1\n＃２、 3;\n\n无\n{BODY}\n9"
+    reply = f"【保留原文】\n1\n２、 3;\n\n无\n{BODY}\n9"
     parsed = parse_reply(reply)
     assert parsed.numbers == (1, 2, 3)
     assert parsed.summary == f"{BODY}\n9"  # the 9 after the body is summary, not a number
+
+
+def test_r_run_7_annotation_copied_back_is_no_number() -> None:
+    listed_forms = (
+        "#3〔约 12 token〕",
+        "#3 〔约12token〕",
+        "#3（约 12 tokens）",
+        "3〔约 12 token〕",
+        "#3 (12 token)",
+    )
+    for listed in listed_forms:
+        assert parse_reply(f"【保留原文】{listed}\n{BODY}").numbers == (3,), listed
+
+
+def test_r_run_7_numbered_list_of_hash_numbers_keeps_the_hash_numbers() -> None:
+    reply = f"【保留原文】\n1. #3\n2. ＃５\n{BODY}"
+    assert parse_reply(reply) == ParsedReply(BODY, (3, 5), block_unreadable=False)
+
+
+def test_r_run_7_annotated_number_lines_do_not_end_the_block() -> None:
+    reply = f"【保留原文】\n- #3〔约 12 token〕\n- #7〔约 40 token〕\n\n{BODY}"
+    assert parse_reply(reply) == ParsedReply(BODY, (3, 7), block_unreadable=False)
+
+
+def test_r_run_7_once_a_hash_number_is_present_only_hash_numbers_count() -> None:
+    reply = f"【保留原文】#1、2\n3.\n＃４\n{BODY}"
+    assert parse_reply(reply).numbers == (1, 4)
+
+
+def test_r_run_7_a_quoted_original_after_the_number_ends_the_block() -> None:
+    # The line has words beyond the annotation: it is summary, and its (1) is not a number.
+    reply = f"【保留原文】#2\n#3〔约 12 token〕[甲(1)] 周六八点集合\n{BODY}"
+    parsed = parse_reply(reply)
+    assert parsed.numbers == (2,)
+    assert parsed.summary == f"#3〔约 12 token〕[甲(1)] 周六八点集合\n{BODY}"
 
 
 def test_r_run_7_none_keeps_nothing() -> None:

@@ -807,6 +807,26 @@ async def test_r_run_8_numbers_not_offered_are_dropped(make: Make) -> None:
     assert [m.id for m in active if m.is_conversation] == [history[1].id]
 
 
+async def test_r_run_7_annotated_and_listed_hash_numbers_keep_only_those_units(make: Make) -> None:
+    # R-RUN-7: the model copies the annotations back inside a numbered list; its list
+    # numbers and the token counts are no numbers to keep.
+    env = await make(memsum_summary_budget_ratio=0.5)
+    rt, model = env.rt, env.model
+    history = await seed(rt, 6)
+
+    def answer(body: dict[str, Any]) -> Reply:
+        annotated = re.findall(r"^#(?:2|4)〔约 \d+ token〕", conversation_of(body), re.MULTILINE)
+        listed = "\n".join(f"{i}. {a}" for i, a in enumerate(annotated, 1))
+        return Reply(f"【保留原文】\n{listed}\n{CHAT_SUMMARY}")
+
+    model.summary.append(answer)
+    result = await rt.compression.compress(GROUP.id)
+    assert result.kept_messages == 2
+    active = await rt.store.get_history(GROUP.id)
+    assert [m.id for m in active if m.is_conversation] == [history[1].id, history[3].id]
+    assert (await summary_of(rt) or {})["text"] == CHAT_SUMMARY
+
+
 # ---- R-BACK-1/2 through the service -----------------------------------------------------------
 async def test_r_back_1_kept_at_most_ratio_of_the_new_conversation_not_lifted_by_the_floor(
     make: Make,

@@ -12,6 +12,13 @@ _HEADING = re.compile(r"^[\s#＃*>\-]*" + re.escape(KEEP_HEADING) + r"(?P<rest>.
 # A line that only lists numbers: digits, # before them, 无, blanks, punctuation.
 _NUMBER_LINE = re.compile(r"^[\s0-9０-９#＃无、,，;；.。:：!！?？*_`~|/\\\-()（）\[\]「」]*$")
 _NUMBER = re.compile(r"[0-9０-９]+")
+_HASH_NUMBER = re.compile(r"[#＃]\s*([0-9０-９]+)")
+# The annotation a request puts after a number, 「〔约 12 token〕」, copied back (in any
+# bracket): it is no number to keep and no word that ends the block.
+_ANNOTATION = re.compile(
+    r"[〔(（\[]\s*(?:(?:约|~|～|≈)\s*[0-9０-９]+\s*(?:tokens?)?|[0-9０-９]+\s*tokens?)\s*[〕)）\]]",
+    re.IGNORECASE,
+)
 _WORD = re.compile(r"[^\s0-9０-９#＃、,，;；.。:：!！?？*_`~|/\\\-()（）\[\]「」]")
 _MAX_DIGITS = 9  # a longer run is no number of ours, and int() of a huge run may raise
 
@@ -28,16 +35,26 @@ class ParsedReply:
 
 def _block_end(lines: list[str], head: int) -> int:
     end = head + 1
-    while end < len(lines) and _NUMBER_LINE.match(lines[end]):
+    while end < len(lines) and _NUMBER_LINE.match(_ANNOTATION.sub("", lines[end])):
         end += 1
     return end
+
+
+def _numbers(block: list[str]) -> list[int]:
+    """The numbers a block lists, first mention order; once any is written `#n`, only the
+    `#n` count (`1. #3` keeps 3)."""
+    runs = [r for line in block for r in _HASH_NUMBER.findall(line)]
+    if not runs:
+        runs = [r for line in block for r in _NUMBER.findall(line)]
+    return list(dict.fromkeys(int(r) for r in runs if len(r) <= _MAX_DIGITS))
 
 
 def parse_reply(text: str) -> ParsedReply:
     """Split a reply into the summary and the numbers to keep.
 
     A block is the heading line (numbers may follow the heading on it) and the lines
-    right after it that only list numbers; any other line ends it. The block may
+    right after it that only list numbers (a number's 「〔约 N token〕」 annotation
+    copied back is neither a number nor a word); any other line ends it. The block may
     come first or last; with several, the last one counts; none is left in the
     summary. A `#3` in the summary body is no number.
     """
@@ -52,17 +69,12 @@ def parse_reply(text: str) -> ParsedReply:
             i += 1
             continue
         end = _block_end(lines, i)
-        block = [m.group("rest"), *lines[i + 1 : end]]
+        block = [_ANNOTATION.sub("", line) for line in (m.group("rest"), *lines[i + 1 : end])]
         i = end
     body = "\n".join(summary).strip()
     if block is None:
         return ParsedReply(body, None, block_unreadable=False)
-    numbers: list[int] = []
-    for line in block:
-        for run in _NUMBER.findall(line):
-            n = int(run) if len(run) <= _MAX_DIGITS else None
-            if n is not None and n not in numbers:
-                numbers.append(n)
+    numbers = _numbers(block)
     said_none = any(NONE_MARK in line for line in block)
     has_words = any(_WORD.search(line) for line in block)
     unreadable = not numbers and not said_none and has_words
