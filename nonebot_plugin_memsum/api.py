@@ -66,21 +66,22 @@ async def internal_session(session_id: str) -> SessionRecord:
 
 
 async def child_session(parent_id: str, session_id: str, entry: Entry = Entry()) -> SessionRecord:
-    """A session spawned from another; it copies the parent's effective settings once (R-CFG-3)."""
+    """A session spawned from another. Creating it copies the parent's effective settings
+    (R-CFG-3); a later call returns the existing child and copies nothing."""
     rt = runtime.get()
+    existing = await rt.store.get_session(session_id)
+    if existing is not None:
+        return existing
     parent = await rt.store.get_session(parent_id)
-    record = await rt.store.save_session(
-        SessionRecord(
-            id=session_id,
-            platform=parent.platform if parent else None,
-            kind="child",
-            place=parent.place if parent else None,
-            parent=parent_id,
-            created=clock.now(),
-        )
+    child = SessionRecord(
+        id=session_id,
+        platform=parent.platform if parent else None,
+        kind="child",
+        place=parent.place if parent else None,
+        parent=parent_id,
+        created=clock.now(),
     )
-    await rt.settings.copy_from_parent(parent_id, session_id, entry.platform, entry.platform_type)
-    return record
+    return await rt.settings.create_child(child, entry.platform, entry.platform_type)
 
 
 async def record(session: SessionRecord, message: Message) -> Message:

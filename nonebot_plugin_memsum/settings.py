@@ -149,13 +149,22 @@ class Settings:
         await self._store.delete_setting(scope, key, name)
         self._stored.pop((scope, key), None)
 
-    async def copy_from_parent(
-        self, parent_id: str, child_id: str, entry_platform: str | None, entry_type: str | None
-    ) -> None:
-        """R-CFG-3: a child writes down its parent's effective values once, then is independent."""
-        entry = {"entry_platform": entry_platform, "entry_type": entry_type}
-        values = [(name, await self.effective(name, parent_id, **entry)) for name in SETTING_NAMES]
+    async def create_child(
+        self, child: SessionRecord, entry_platform: str | None, entry_type: str | None
+    ) -> SessionRecord:
+        """R-CFG-3: a child writes down its parent's effective values when it is created,
+        then is independent: a child that already exists is returned untouched."""
+        assert child.parent is not None
+        resolved = await self.effective_all(
+            child.parent, entry_platform=entry_platform, entry_type=entry_type
+        )
+        # One transaction: two callers creating the same child cannot both copy.
         async with self._store.transaction() as tx:
-            for name, value in values:
-                await tx.set_setting("session", child_id, name, value.value)
-        self._stored.pop(("session", child_id), None)
+            existing = await tx.get_session(child.id)
+            if existing is not None:
+                return existing
+            stored = await tx.save_session(child)
+            for name, value in resolved.items():
+                await tx.set_setting("session", child.id, name, value.value)
+        self._stored.pop(("session", child.id), None)
+        return stored

@@ -1,6 +1,9 @@
 """The library face for other plugins, on the plugin's own running runtime."""
 
+import asyncio
+import sqlite3
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -59,6 +62,40 @@ async def test_r_cfg_3_child_session_copies_parent_values_once() -> None:
     assert (await rt.settings.effective("compress_at", child.id)).value == 0.4
     await rt.settings.set("compress_at", "session", parent.id, 0.9)
     assert (await rt.settings.effective("compress_at", child.id)).value == 0.4
+
+
+async def test_r_cfg_3_a_later_child_session_call_copies_nothing() -> None:
+    # R-CFG-3: the copy happens when the child is created, never on a later call.
+    rt = runtime.get()
+    parent = await api.internal_session("api:parent-2")
+    await rt.settings.set("compress_at", "session", parent.id, 0.4)
+    child = await api.child_session(parent.id, "api:child-2")
+    await rt.settings.set("compress_at", "session", child.id, 0.7)  # the child's own value
+    await rt.settings.set("compress_at", "session", parent.id, 0.9)
+    again = await api.child_session(parent.id, child.id)
+    assert again == child
+    assert (await rt.settings.effective("compress_at", child.id)).value == 0.7
+    # the value in the SQLite file, not only in a cache
+    rows = await asyncio.to_thread(_settings_rows, rt.store.path, child.id)
+    assert rows["compress_at"] == "0.7"
+
+
+async def test_r_cfg_3_concurrent_calls_create_and_copy_once() -> None:
+    rt = runtime.get()
+    parent = await api.internal_session("api:parent-3")
+    await rt.settings.set("compress_at", "session", parent.id, 0.3)
+    children = await asyncio.gather(*(api.child_session(parent.id, "api:child-3") for _ in range(5)))
+    assert len({c.created for c in children}) == 1
+    assert (await rt.settings.effective("compress_at", "api:child-3")).value == 0.3
+
+
+def _settings_rows(path: Path, session_id: str) -> dict[str, str]:
+    with sqlite3.connect(path) as db:
+        rows = db.execute(
+            "SELECT name, value FROM settings WHERE scope = 'session' AND scope_key = ?", (session_id,)
+        ).fetchall()
+    db.close()
+    return dict(rows)
 
 
 async def test_clear_and_status_through_the_api() -> None:

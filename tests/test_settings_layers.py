@@ -208,8 +208,7 @@ async def test_r_cfg_3_child_copies_its_parents_effective_values(store: Store, s
     assert place is not None
     await settings.set("compress_at", "place", place, 0.55)
     child = SessionRecord(id="child-1", platform=None, kind="internal", parent=GROUP.id)
-    await store.save_session(child)
-    await settings.copy_from_parent(GROUP.id, child.id, "onebot", "group")
+    assert await settings.create_child(child, "onebot", "group") == await store.get_session(child.id)
     got = await values(settings, child.id)
     assert got == {
         "compress_at": (0.55, "session"),
@@ -221,9 +220,8 @@ async def test_r_cfg_3_child_is_independent_of_its_parent_afterwards(
     store: Store, settings: Settings
 ) -> None:
     child = SessionRecord(id="child-2", platform=None, kind="internal", parent=GROUP.id)
-    await store.save_session(child)
     await settings.set("compress_at", "session", GROUP.id, 0.45)
-    await settings.copy_from_parent(GROUP.id, child.id, "onebot", "group")
+    await settings.create_child(child, "onebot", "group")
     await settings.set("compress_at", "session", GROUP.id, 0.2)  # the parent changes
     assert (await settings.effective("compress_at", child.id)).value == 0.45
     await settings.set("compress_at", "session", child.id, 0.9)  # the child changes
