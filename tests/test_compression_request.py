@@ -221,7 +221,7 @@ def test_pure_core_end_to_end() -> None:
     req = plan.next_request()
     assert sorted(req.offered) == [1, 2, 3, 4]
     reply = (
-        "【保留原文】4、#2\n## 最近在聊什么\n甲(1) 问天气\n"
+        "【保留原文】#4、#2\n## 最近在聊什么\n甲(1) 问天气\n"
         "## 谁有问题没回应\n无\n## 关键原话要点\n乙(2) 十点开会"
     )
     res = plan.after_reply(parse_reply(reply)).result()
