@@ -384,15 +384,17 @@ async def test_connection_refused_is_retried_then_fails(
 
 
 async def test_timeout_is_not_retried(llm: ScriptedLLM, model: ModelConfig, sleeps: Sleeps) -> None:
-    llm.push(Reply(delay=1.0))
-    client = LLMClient(timeout=0.2, sleep=sleeps)
+    llm.push(Reply(), Reply(delay=1.0))
+    client = LLMClient(timeout=5, sleep=sleeps)
     try:
+        await chat(client, model)  # the pool is warm: 0.2 s is not spent on creating it under load
+        client._timeout = 0.2
         with pytest.raises(LLMTimeout) as caught:
             await chat(client, model)
     finally:
         await client.aclose()
     assert "test/model" in str(caught.value)
-    assert len(llm.requests) == 1
+    assert len(await llm.wait_requests_async(2)) == 2
     assert sleeps == []
 
 
@@ -418,18 +420,30 @@ async def test_connection_dropped_mid_reply_is_a_cut(
     assert ledger == []
 
 
-async def test_stream_without_done_is_a_cut(client: LLMClient, llm: ScriptedLLM, model: ModelConfig) -> None:
-    llm.push(Reply("说完了吗", done=False))
-    with pytest.raises(LLMStreamCut, match=r"\[DONE\]"):
-        await chat(client, model)
+async def test_stream_with_finish_reason_but_no_done_is_complete(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig, ledger: Ledger
+) -> None:
+    llm.push(Reply("说完了", done=False, usage={"prompt_tokens": 20, "completion_tokens": 3}))
+    result = await chat(client, model)
+    assert (result.content, result.finish_reason, result.usage) == ("说完了", "stop", Usage(20, 3))
+    assert len(ledger) == 1
 
 
-async def test_stream_without_finish_reason_is_a_cut(
+async def test_stream_with_done_but_no_finish_reason_is_complete(
     client: LLMClient, llm: ScriptedLLM, model: ModelConfig
 ) -> None:
-    llm.push(Reply("说完了吗", finish_reason=None))
-    with pytest.raises(LLMStreamCut, match="finish reason"):
+    llm.push(Reply("说完了", finish_reason=None))
+    result = await chat(client, model)
+    assert (result.content, result.finish_reason) == ("说完了", None)
+
+
+async def test_stream_ending_with_neither_finish_reason_nor_done_is_a_cut(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig, ledger: Ledger
+) -> None:
+    llm.push(Reply("说完了吗", finish_reason=None, done=False))
+    with pytest.raises(LLMStreamCut, match=r"no finish reason, no \[DONE\]"):
         await chat(client, model)
+    assert ledger == []
 
 
 async def test_error_event_mid_stream_is_a_cut(

@@ -9,8 +9,18 @@ Decisions:
 - Timeouts are not retried: a model that used the whole budget once will most likely
   do it again, and the user is waiting already. Nor are cut streams, length stops and
   bad bodies: the request reached the model, so a retry costs a full reply again.
-- A stream must end with `[DONE]` after a finish reason; anything short of that is a
-  cut (R-FAIL-1: the partial output is thrown away).
+- A stream is complete when it ends with `[DONE]` (even if no chunk named a finish
+  reason: some servers never do) or when its body ends after a chunk with a finish
+  reason (llama.cpp server and several gateways send no `[DONE]`). A body that ends
+  before either is a cut (R-FAIL-1: the partial output is thrown away).
+- A stream is read to the end of its body, also after `[DONE]`, so the connection goes
+  back to the pool: otherwise every call pays a new TCP and TLS handshake.
+- A provider that answers 400 naming a parameter it does not accept (`stream_options` on
+  older Azure api-versions and some gateways; `max_tokens` on OpenAI reasoning models;
+  `reasoning_effort`) is asked again once without it, and the model is not sent it again
+  for the life of the process. Usage then comes from the estimate when none is reported.
+- Reasoning never reaches the caller's text: `reasoning_content` / `reasoning` and a
+  leading `<think>` block go to `ChatResult.reasoning` (reasoning.py).
 - Failed calls record nothing in the ledger, except `length` stops: the model did
   answer, and the agent even uses such a reply. A ledger that fails is logged and
   does not fail the call (the reply is already paid for).
@@ -21,8 +31,9 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +44,7 @@ from nonebot_plugin_memsum.config import ModelConfig
 from nonebot_plugin_memsum.types import ToolCall
 
 from .errors import (
+    LLMBadRequest,
     LLMBadResponse,
     LLMConnectError,
     LLMError,
@@ -42,6 +54,7 @@ from .errors import (
     LLMTimeout,
     status_error,
 )
+from .reasoning import split_think
 from .tokens import MESSAGE_OVERHEAD, estimate_text_tokens
 
 LedgerFn = Callable[[str | None, str, str, int, int, int], Awaitable[None]]
@@ -49,6 +62,8 @@ LedgerFn = Callable[[str | None, str, str, int, int, int], Awaitable[None]]
 successful call; tokens_cached is the part of tokens_in the provider's prompt cache served."""
 
 _DETAIL_CHARS = 200
+_DRAIN_SECONDS = 2.0
+"""How long a stream's body may go on after `[DONE]` before we stop reading and drop the connection."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,13 +81,15 @@ class ChatResult:
     """One model reply."""
 
     content: str
+    """The answer, without any reasoning (no leading `<think>` block)."""
     tool_calls: tuple[ToolCall, ...]
     finish_reason: str | None
     usage: Usage | None
     """As the API reported it; None when it did not."""
     model_id: str
     reasoning: str = ""
-    """Thinking text some APIs return beside the reply (`reasoning_content`)."""
+    """Thinking text: `reasoning_content` / `reasoning`, and a `<think>` block taken from the content.
+    For accounting only: never sent to a chat nor stored."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +140,8 @@ class LLMClient:
         self._sleep = sleep
         self._http: httpx.AsyncClient | None = None
         self._closed = False
+        self._refused: dict[str, dict[str, str | None]] = {}
+        """model id → parameter it refused → the name to send instead (None: leave it out)."""
 
     async def aclose(self) -> None:
         """Close the connection pool; a call after this fails instead of opening another."""
@@ -155,11 +174,17 @@ class LLMClient:
             body["max_tokens"] = max_tokens
         if reasoning_effort is not None:
             body["reasoning_effort"] = reasoning_effort
+        body = _without_refused(body, self._refused.get(model.id, {}))
         attempt = 0
         while True:
             try:
                 result = await self._attempt(model, body, stream=stream)
             except LLMError as err:
+                refused = err.refused if isinstance(err, LLMBadRequest) else None
+                if refused is not None and refused in body:
+                    # Not counted as a retry: each parameter is refused once, then it is gone.
+                    body = self._refuse(model, refused, body)
+                    continue
                 again = attempt < self._max_retries and self._retry.retryable(err)
                 # INFO: the caller reports the failure once, as the one warning (R-FAIL-1).
                 logger.info(
@@ -176,6 +201,19 @@ class LLMClient:
                 continue
             await self._record(session_id, purpose, messages, result)
             return result
+
+    def _refuse(self, model: ModelConfig, param: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Remember that `model` refuses `param` and return `body` without it."""
+        instead = _REPLACEMENTS.get(param)
+        if instead in self._refused.get(model.id, {}) or instead in body:
+            instead = None  # the replacement was refused already, or is sent already
+        self._refused.setdefault(model.id, {})[param] = instead
+        then = f"sending `{instead}` instead" if instead else "leaving it out"
+        if param == "stream_options":
+            then += "; its usage now comes from our estimate unless it reports some"
+        # WARNING, once per model and parameter: the operator may want to fix the config.
+        logger.warning(f"memsum: {model.id} does not accept `{param}`: {then}, for the life of the process")
+        return _without_refused(body, self._refused[model.id])
 
     def _client(self) -> httpx.AsyncClient:
         if self._http is None:
@@ -207,7 +245,7 @@ class LLMClient:
                 try:
                     if not resp.is_success:
                         await resp.aread()
-                        raise _status_error(model, resp)
+                        raise _status_error(model, resp, body)
                     if stream:
                         return await _read_stream(model, resp)
                     await resp.aread()
@@ -268,17 +306,53 @@ def _detail(text: object, model: ModelConfig) -> str:
     return out if len(out) <= _DETAIL_CHARS else out[:_DETAIL_CHARS] + "…"
 
 
-def _status_error(model: ModelConfig, resp: httpx.Response) -> LLMStatusError:
+def _status_error(model: ModelConfig, resp: httpx.Response, body: Mapping[str, Any]) -> LLMStatusError:
     message = f"{model.id}: HTTP {resp.status_code}"
     provider = _error_text(resp.content)
     if provider:
         message += f": {_detail(provider, model)}"
-    return status_error(
+    err = status_error(
         resp.status_code,
         message,
         model_id=model.id,
         retry_after=_retry_after(resp.headers.get("retry-after")),
     )
+    if isinstance(err, LLMBadRequest) and resp.status_code == 400:
+        err.refused = refused_parameter(body, resp.content.decode("utf-8", "replace"))
+    return err
+
+
+_OPTIONAL = ("stream_options", "max_tokens", "max_completion_tokens", "reasoning_effort")
+"""Parameters a request can do without: a provider that refuses one is asked again without it."""
+_REPLACEMENTS = {"max_tokens": "max_completion_tokens"}
+"""OpenAI's reasoning models refuse `max_tokens` and take the same cap as `max_completion_tokens`."""
+_REFUSAL = re.compile(
+    r"unrecogni[sz]ed|unknown|unsupported|not supported|does not support|not permitted|not allowed"
+    r"|extra (?:inputs|fields)|invalid (?:request )?(?:argument|parameter)",
+    re.IGNORECASE,
+)
+
+
+def refused_parameter(body: Mapping[str, Any], error: str) -> str | None:
+    """The optional parameter of `body` that a 400 error text says the provider does not accept.
+
+    The text must name it and say it is not accepted: "Invalid max_tokens value, the valid
+    range is [1, 8192]" is about the value, and leaving the cap out would not be a fix.
+    """
+    if not _REFUSAL.search(error):
+        return None
+    named = [p for p in _OPTIONAL if p in body and re.search(rf"\b{p}\b", error)]
+    return named[0] if named else None  # several: one now, the next on the next answer
+
+
+def _without_refused(body: Mapping[str, Any], refused: Mapping[str, str | None]) -> dict[str, Any]:
+    out = dict(body)
+    for param, instead in refused.items():
+        if param in out:
+            value = out.pop(param)
+            if instead is not None and instead not in refused:
+                out[instead] = value
+    return out
 
 
 def _error_text(body: bytes) -> str:
@@ -318,17 +392,38 @@ def _parse_completion(model: ModelConfig, body: bytes) -> ChatResult:
             )
             for c in message.get("tool_calls") or ()
         )
-        return ChatResult(
+        return _result(
             content=message.get("content") or "",
+            reasoning=message.get("reasoning_content") or message.get("reasoning") or "",
             tool_calls=calls,
             finish_reason=choice.get("finish_reason"),
             usage=_usage(data.get("usage")),
             model_id=model.id,
-            reasoning=message.get("reasoning_content") or message.get("reasoning") or "",
         )
     except (ValueError, LookupError, TypeError, AttributeError):
         detail = _detail(_error_text(body), model) if body else "empty body"
         raise LLMBadResponse(f"{model.id}: not a chat completion ({detail})", model_id=model.id) from None
+
+
+def _result(
+    *,
+    content: str,
+    reasoning: str,
+    tool_calls: tuple[ToolCall, ...],
+    finish_reason: str | None,
+    usage: Usage | None,
+    model_id: str,
+) -> ChatResult:
+    """The reply with any `<think>` block moved from the answer to the reasoning."""
+    answer, thought = split_think(content)
+    return ChatResult(
+        content=answer,
+        tool_calls=tool_calls,
+        finish_reason=finish_reason,
+        usage=usage,
+        model_id=model_id,
+        reasoning="\n\n".join(t for t in (reasoning, thought) if t),
+    )
 
 
 def _usage(raw: object) -> Usage | None:
@@ -410,34 +505,55 @@ class _Stream:
         calls = tuple(
             ToolCall(c.id or _call_id(), c.name, c.arguments) for _, c in sorted(self.calls.items())
         )
-        return ChatResult(
+        return _result(
             content="".join(self.content),
+            reasoning="".join(self.reasoning),
             tool_calls=calls,
             finish_reason=self.finish_reason,
             usage=self.usage,
             model_id=model_id,
-            reasoning="".join(self.reasoning),
         )
 
 
 async def _read_stream(model: ModelConfig, resp: httpx.Response) -> ChatResult:
     acc = _Stream()
     data: list[str] = []
-    async for line in resp.aiter_lines():
-        # SSE: `data:` lines gather into one event until a blank line; other fields are ignored.
-        if line.startswith("data:"):
-            data.append(line[5:].removeprefix(" "))
-        elif not line and data:
-            _dispatch(model, acc, "\n".join(data))
-            data.clear()
-        if acc.done:
-            break
-    if data and not acc.done:
-        _dispatch(model, acc, "\n".join(data))
-    if not acc.done or acc.finish_reason is None:
-        seen = "no finish reason" if acc.finish_reason is None else "no [DONE]"
-        raise LLMStreamCut(f"{model.id}: stream ended early ({seen})", model_id=model.id)
+    lines = resp.aiter_lines()
+    try:
+        async for line in lines:
+            # SSE: `data:` lines gather into one event until a blank line; other fields are ignored.
+            if line.startswith("data:"):
+                data.append(line[5:].removeprefix(" "))
+            elif not line and data:
+                _dispatch(model, acc, "\n".join(data))
+                data.clear()
+            if acc.done:
+                break
+        else:
+            if data:
+                _dispatch(model, acc, "\n".join(data))
+    except httpx.TimeoutException:
+        raise
+    except httpx.TransportError:
+        if acc.finish_reason is None:
+            raise
+        # The answer was whole; only what follows it (usage, [DONE]) was lost.
+        return acc.result(model.id)
+    if acc.done:
+        await _drain(lines)
+    elif acc.finish_reason is None:
+        raise LLMStreamCut(f"{model.id}: stream ended early (no finish reason, no [DONE])", model_id=model.id)
     return acc.result(model.id)
+
+
+async def _drain(lines: AsyncIterator[str]) -> None:
+    """Read what follows `[DONE]` to the end of the body, so the connection can be reused."""
+    try:
+        async with asyncio.timeout(_DRAIN_SECONDS):
+            async for _ in lines:
+                pass
+    except (TimeoutError, httpx.TransportError):
+        pass  # the answer is whole; leaving the block closes this connection instead
 
 
 def _dispatch(model: ModelConfig, acc: _Stream, payload: str) -> None:

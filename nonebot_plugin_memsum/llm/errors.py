@@ -68,6 +68,10 @@ class LLMServerError(LLMStatusError):
 class LLMBadRequest(LLMStatusError):
     """Any other 4xx: the API refused the request as sent."""
 
+    refused: str | None = None
+    """The optional request parameter (`stream_options`, `max_tokens`, …) a 400 says the API
+    does not accept, when it names one."""
+
 
 class LLMStreamCut(LLMError):
     """The reply broke off mid-way (no finish reason, no `[DONE]`, or a dropped connection)."""

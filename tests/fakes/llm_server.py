@@ -8,24 +8,41 @@ every request it got (`requests`). A subprocess bot reaches it like any API:
         env = {"MEMSUM_MODELS": json.dumps([llm.model_config()])}
 
 Streams are SSE in HTTP/1.1 chunked encoding, one chunk per event, so `cut_after` drops
-the connection mid-body exactly as a failing API would. Every response closes its
-connection (no keep-alive).
+the connection mid-body exactly as a failing API would. Connections are kept alive, as a
+real API keeps them (`keep_alive=False`: each response closes its connection), and
+`connections` counts the TCP connections accepted.
+
+A provider's recorded reply is replayed byte for byte with `Reply(raw=transcript(name))`:
+the files under tests/fixtures/providers/ start with `#` lines that cite where the
+transcript comes from; the bytes after them are the body.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Literal, Self
 
 API_KEY = "sk-scripted-test-key-5f0c2a9d"
 """The key `model_config` configures; tests look for it where it must not appear."""
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "providers"
+
+
+def transcript(name: str) -> bytes:
+    """The body recorded in tests/fixtures/providers/`name`, without its leading `#` citation lines."""
+    data = (FIXTURES / name).read_bytes()
+    while data.startswith(b"#"):
+        data = data.split(b"\n", 1)[1] if b"\n" in data else b""
+    return data
 
 
 @dataclass
@@ -49,16 +66,18 @@ class Reply:
     chunk_delay: float = 0.0
     """Seconds between stream events (a slow stream)."""
     cut_after: int | None = None
-    """Stream: drop the connection after this many content chunks, no terminating chunk.
-    Plain JSON: drop it after sending half of the body."""
+    """Stream: drop the connection after this many content chunks (with `raw`: SSE events),
+    no terminating chunk. Plain JSON: drop it after sending half of the body."""
     done: bool = True
     """Stream: end with `data: [DONE]` (False: end the body cleanly without it)."""
     chunk_chars: int = 4
     """Characters of content (and of tool arguments) per stream event."""
     reasoning: str = ""
     """Sent as `reasoning_content`, as DeepSeek does."""
-    raw: str | None = None
-    """Sent verbatim as the 200 body instead of a completion (a broken API)."""
+    raw: str | bytes | None = None
+    """Sent verbatim as the body instead of a completion (a recorded transcript, a broken API);
+    with `status`, as the error body. A streamed request gets it in chunked encoding, one HTTP
+    chunk per SSE event."""
     headers: dict[str, str] = field(default_factory=dict)
 
 
@@ -109,7 +128,10 @@ class Gate:
 class ScriptedLLM:
     """The server. `start()` (or `with`) binds a free port on 127.0.0.1; `stop()` closes it."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep_alive: bool = True) -> None:
+        self.keep_alive = keep_alive
+        self.connections = 0
+        """TCP connections accepted so far."""
         self.default = Reply()
         self.requests: list[dict[str, Any]] = []
         """Every request body (parsed JSON), in arrival order."""
@@ -177,6 +199,7 @@ class ScriptedLLM:
     def reset(self) -> None:
         """Forget requests, queued replies and responders; `default` back to `Reply()`."""
         with self._cond:
+            self.connections = 0
             self.requests.clear()
             self.request_headers.clear()
             self._queue.clear()
@@ -197,6 +220,10 @@ class ScriptedLLM:
     def model_config(self, id: str = "test/model", **kw: Any) -> dict[str, Any]:
         """One `MEMSUM_MODELS` entry pointing here; `kw` overrides or adds fields."""
         return {"id": id, "base_url": self.base_url, "api_key": API_KEY, "context_window": 32000, **kw}
+
+    def _accepted(self) -> None:
+        with self._cond:
+            self.connections += 1
 
     def _take(self, body: dict[str, Any], headers: dict[str, str]) -> Reply:
         with self._cond:
@@ -219,9 +246,13 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
+    def setup(self) -> None:
+        super().setup()
+        self.llm._accepted()
+
     def do_POST(self) -> None:
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self.close_connection = True
+        self.close_connection = not self.llm.keep_alive
         if not self.path.rstrip("/").endswith("/chat/completions"):
             self._json(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
             return
@@ -239,17 +270,22 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self, body: dict[str, Any], reply: Reply) -> None:
         if reply.delay:
             time.sleep(reply.delay)
-        if reply.status != 200:
+        if reply.raw is not None:
+            raw = reply.raw.encode() if isinstance(reply.raw, str) else reply.raw
+            if body.get("stream") and reply.status == 200:
+                self._stream_events(_split_events(raw), reply)
+            else:
+                ctype = "text/event-stream" if body.get("stream") else "application/json"
+                self._send(reply.status, raw, ctype, reply.headers)
+        elif reply.status != 200:
             error = {"message": reply.error, "type": "scripted", "code": reply.status}
             self._json(reply.status, {"error": error}, reply.headers)
-        elif reply.raw is not None:
-            ctype = "text/event-stream" if body.get("stream") else "application/json"
-            self._send(200, reply.raw.encode(), ctype, reply.headers)
         elif body.get("stream"):
             self._stream(body, reply)
         else:
             data = json.dumps(_completion(body, reply), ensure_ascii=False).encode()
             if reply.cut_after is not None:
+                self.close_connection = True
                 self._head(200, "application/json", {**reply.headers, "Content-Length": str(len(data))})
                 self.wfile.write(data[: len(data) // 2])
                 self.wfile.flush()
@@ -257,13 +293,20 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, data, "application/json", reply.headers)
 
     def _stream(self, body: dict[str, Any], reply: Reply) -> None:
+        events = _events(body, reply)
+        self._stream_events((None if e is None else f"data: {e}\n\n".encode() for e in events), reply)
+
+    def _stream_events(self, events: Iterable[bytes | None], reply: Reply) -> None:
+        """Each event as one HTTP chunk; None, or `reply.cut_after` events: drop the connection."""
+        if reply.cut_after is not None and reply.raw is not None:
+            events = [*list(events)[: reply.cut_after], None]
         self._head(200, "text/event-stream", {**reply.headers, "Transfer-Encoding": "chunked"})
-        for event in _events(body, reply):
-            if event is None:
+        for data in events:
+            if data is None:
+                self.close_connection = True
                 return  # cut: no terminating chunk, the connection just closes
             if reply.chunk_delay:
                 time.sleep(reply.chunk_delay)
-            data = f"data: {event}\n\n".encode()
             self.wfile.write(f"{len(data):X}\r\n".encode() + data + b"\r\n")
             self.wfile.flush()
         self.wfile.write(b"0\r\n\r\n")
@@ -282,10 +325,16 @@ class _Handler(BaseHTTPRequestHandler):
     def _head(self, status: int, ctype: str, headers: dict[str, str]) -> None:
         self.send_response(status)
         self.send_header("Content-Type", ctype)
-        self.send_header("Connection", "close")
+        if self.close_connection:
+            self.send_header("Connection", "close")
         for name, value in headers.items():
             self.send_header(name, value)
         self.end_headers()
+
+
+def _split_events(raw: bytes) -> list[bytes]:
+    """A recorded SSE body cut after each blank line (LF or CRLF), nothing added or lost."""
+    return re.findall(rb".*?(?:\r\n\r\n|\n\n)|.+", raw, re.DOTALL)
 
 
 def _usage(body: dict[str, Any], reply: Reply) -> dict[str, Any] | None:
