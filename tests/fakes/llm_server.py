@@ -242,6 +242,9 @@ class ScriptedLLM:
 class _Handler(BaseHTTPRequestHandler):
     llm: ScriptedLLM
     protocol_version = "HTTP/1.1"
+    # TCP_NODELAY, as real API servers set it: on a kept-alive connection Nagle's algorithm
+    # would hold each small SSE chunk until the previous one is acknowledged (~40 ms each).
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
