@@ -86,7 +86,9 @@ def test_every_transcript_cites_its_source() -> None:
 USAGE_SHAPES = [
     # A trailing usage-only chunk with "choices": [] (OpenAI, also OpenRouter and Ollama).
     pytest.param("openai_stream_usage.sse", "晚上八点见！", Usage(2006, 6, 1920), "", id="openai"),
-    # The same with DeepSeek's spelling of a cache hit, and reasoning_content deltas.
+    # Top-level usage on the finish chunk itself (DeepSeek chat).
+    pytest.param("deepseek_chat_stream.sse", "好的，八点见。", Usage(980, 6, 896), "", id="deepseek-chat"),
+    # A trailing usage-only chunk with DeepSeek's spelling of a cache hit, and reasoning_content deltas.
     pytest.param(
         "deepseek_reasoner_stream.sse",
         "好啊，八点上线。",
