@@ -25,9 +25,10 @@ from nonebot.rule import Rule
 from nonebot.typing import T_State
 
 from . import clock, onebot, runtime
-from .compression.service import CompressionError, CompressionResult, SessionStatus
+from .compression.service import STORE_FAILED, CompressionError, CompressionResult, SessionStatus
 from .config import Config
 from .settings import Resolved, SettingName, place_key, validate
+from .store import StoreError
 from .types import SessionRecord
 
 USAGE = """\
@@ -172,6 +173,8 @@ async def _compress(call: _Call) -> str:
         result = await runtime.get().compression.compress(call.record.id)
     except CompressionError as err:
         return f"压缩失败：{err.reason}"
+    except StoreError:  # R-RUN-11: rolled back, and the run has logged it
+        return f"压缩失败：{STORE_FAILED}"
     logger.info(f"memsum: {call.event.user_id} compressed {call.record.id} ({result.outcome})")
     return receipt(result)
 
