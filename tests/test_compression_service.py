@@ -1499,23 +1499,30 @@ async def test_r_cfg_4_compress_at_is_none_for_0(make: Make) -> None:
 # ---- review additions --------------------------------------------------------------------------
 async def test_r_fail_1_an_unexpected_error_gives_one_warning_with_its_traceback(env: Env) -> None:
     rt = env.rt
-    await seed(rt, 3)
-    await raw_sql(
-        rt.store.path,
-        "CREATE TRIGGER refuse_archive BEFORE UPDATE OF archived ON messages WHEN NEW.archived = 1"
-        " BEGIN SELECT RAISE(ABORT, 'archive refused by the test'); END",
-    )
+
+    class BrokenTodos:
+        """Another plugin's todo provider that fails (the work template reads it, R-RUN-4)."""
+
+        async def items(self, session_id: str) -> list[TodoItem]:
+            raise RuntimeError("todo backend down")
+
+        async def replace(self, session_id: str, items: list[TodoItem]) -> None:
+            raise RuntimeError("todo backend down")
+
+    rt.compression.todos = BrokenTodos()
+    await seed(rt, 3, record=PRIVATE_OWNER)
     errors: list[str] = []
     sink = logger.add(lambda m: errors.append(m.record["message"]), level="ERROR")
     try:
-        with pytest.raises(CompressionError):
-            await rt.compression.compress(GROUP.id)
+        with pytest.raises(CompressionError) as failed:
+            await rt.compression.compress(PRIVATE_OWNER.id)
     finally:
         logger.remove(sink)
+    assert failed.value.reason == "内部错误：RuntimeError"
     assert errors == []
-    (warning,) = env.failure_warnings()
-    assert "内部错误：StoreError" in warning
-    assert [p for p, _ in env.phases()] == ["start", "error"]
+    (warning,) = env.failure_warnings(PRIVATE_OWNER.id)
+    assert "内部错误：RuntimeError" in warning
+    assert [p for p, _ in env.phases(PRIVATE_OWNER.id)] == ["start", "error"]
 
 
 async def test_r_mem_2_an_unknown_clear_kind_is_refused_and_cancels_nothing(env: Env) -> None:
