@@ -525,6 +525,31 @@ async def test_r_inj_1_2_summary_is_one_system_message_right_before_the_history(
     assert sent.count(CHAT_SUMMARY) == 1
 
 
+async def test_r_inj_1_summary_is_last_though_another_plugin_contributes_to_context(env: Env) -> None:
+    rt, model = env.rt, env.model
+    await seed(rt, 5)
+    await rt.compression.compress(GROUP.id)
+
+    async def weather(session_id: str) -> str:
+        return "天气：晴"
+
+    async def rules(session_id: str) -> str:
+        return "群规：不许刷屏"
+
+    # Registered after the compression's injection, under the same anchor and another one.
+    rt.agent.contribute("context", weather)
+    rt.agent.contribute("rules", rules)
+    newer = await seed(rt, 2, start=5)
+    await rt.agent.run_turn(GROUP.id, entry=IN_GROUP)
+    messages = model.chat_requests()[-1]["messages"]
+    systems = [m["content"] for m in messages if m["role"] == "system"]
+    assert systems[1:] == ["群规：不许刷屏", "天气：晴", f"{INJECTION_HEAD}\n\n{CHAT_SUMMARY}"]
+    # the summary is the system message right before the history
+    assert [m["content"] for m in messages[len(systems) :]] == [m.content for m in newer]
+    prompt = await rt.agent.build_prompt(GROUP.id, IN_GROUP)
+    assert prompt.messages[len(systems) - 1]["content"].startswith(INJECTION_HEAD)
+
+
 async def test_r_inj_2_no_truncation_of_a_long_summary(env: Env) -> None:
     rt, model = env.rt, env.model
     long_summary = CHAT_SUMMARY + "\n" + "很长的摘要内容。" * 600

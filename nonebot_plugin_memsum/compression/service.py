@@ -147,7 +147,7 @@ class CompressionService:
         self.bus.subscribe(UsageEvent, self._on_usage)
         self.bus.subscribe(TurnStarted, self._on_turn_started)
         self.bus.subscribe(TurnEnded, self._on_turn_ended)
-        self.agent.contribute("context", self.injection)
+        self.agent.inject_summary(self.injection)
 
     async def shutdown(self) -> None:
         """Abandon the runs still waiting on the model and wait for every run to end, as
