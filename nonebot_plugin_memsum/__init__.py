@@ -6,7 +6,7 @@ from nonebot.plugin import PluginMetadata
 
 require("nonebot_plugin_localstore")
 
-from .commands import USAGE, register_commands
+from .commands import USAGE, is_memsum_command, register_commands
 from .config import Config, ConfigError, parse_config
 
 __plugin_meta__ = PluginMetadata(
@@ -34,7 +34,7 @@ from .onebot import register_matchers
 
 _driver = get_driver()
 register_commands(plugin_config)
-register_matchers(plugin_config.memsum_chat_priority)
+register_matchers(plugin_config.memsum_chat_priority, is_memsum_command)
 
 
 @_driver.on_startup

@@ -1,9 +1,11 @@
 """The commands the bot's owner (and, when allowed, group owners and admins) use.
 
-Every matcher is declared in `register_commands`; each command's flow is a function
-of its own that returns the text to answer. Commands block at a priority above the
-recording matcher, so a command (refused or not) never enters history nor reaches
-the model.
+Every matcher is declared in `register_commands` from the one table `COMMANDS`; each
+command's flow is a function of its own that returns the text to answer. Who may use a
+command is its NoneBot permission (`permission.py`): for anyone else the matcher does
+not run, so the command is not answered, not recorded, and goes on to other plugins.
+Commands block at a priority above the recording matcher, so a command never enters
+history nor reaches the model.
 """
 
 from __future__ import annotations
@@ -17,48 +19,48 @@ from typing import Literal
 from nonebot import on_command, on_message
 from nonebot.adapters.onebot.v11 import Bot, GroupMessageEvent, MessageEvent
 from nonebot.adapters.onebot.v11 import Message as OBMessage
+from nonebot.consts import CMD_KEY, PREFIX_KEY
 from nonebot.log import logger
 from nonebot.matcher import Matcher
 from nonebot.params import CommandArg
-from nonebot.permission import SUPERUSER
+from nonebot.permission import Permission
 from nonebot.rule import Rule
 from nonebot.typing import T_State
 
-from . import clock, onebot, runtime
-from .compression.service import STORE_FAILED, CompressionError, CompressionResult, SessionStatus
-from .config import Config
-from .settings import Resolved, SettingName, place_key, validate
-from .store import StoreError
+from . import clock, onebot, runtime, usage
+from .compression.service import CompressionError, CompressionResult, SessionStatus
+from .config import PERSONA_MAX, Config, Mode
+from .permission import SUPERUSER, SUPERUSER_OR_GROUP_ADMIN
+from .settings import MODE_WORDS, Resolved, SettingName, place_key, place_scope, validate
 from .types import SessionRecord
-
-USAGE = """\
-/压缩  立即压缩本会话
-/摘要  查看摘要、保留原文、上次压缩和用量
-/压缩线 [0~1|默认]  查看或设置本会话的压缩线（0 = 不按用量压缩）
-/条数线 [条数|默认]  查看或设置本会话的条数线（0 = 不按条数压缩）
-  在值前加「群」改整个群的设置，如 /压缩线 群 0.5
-/清除 [上下文|摘要]  清除上下文（连同摘要，需再回复「确认」）或只清除摘要
-/记忆帮助  显示本帮助
-以上命令仅限机器人的主人；开启 MEMSUM_GROUP_ADMIN_COMMANDS 后，群主和管理员也可在本群使用 \
-/压缩、/摘要、/清除，并查看两条线（修改仍限主人）。"""
 
 CONFIRM_WORD = "确认"
 CONFIRM_SECONDS = 60
-REFUSED = "抱歉，只有机器人的主人可以使用这个命令。"
-REFUSED_ADMINS = "抱歉，只有机器人的主人和群管理员可以使用这个命令。"
-REFUSED_CHANGE = "抱歉，只有机器人的主人可以修改这项设置。"
 FAILED = "出错了，详情已记在日志里。"
 _SETTING_TITLES: dict[SettingName, str] = {"compress_at": "压缩线", "history_limit": "条数线"}
+_MODE_MEANINGS: dict[Mode, str] = {
+    "on": "记录并回答",
+    "record": "只记录和压缩，不回答",
+    "off": "不记录也不回答（命令照常可用）",
+}
+_WORD_MODES: dict[str, Mode] = {word: mode for mode, word in MODE_WORDS.items()}
+_SCOPE_WORDS = {"place": "本群", "session": "本会话"}
 
 
 @dataclass(frozen=True, slots=True)
 class _Call:
     """One command as received: who, where and the words after it."""
 
+    bot: Bot
     event: MessageEvent
     record: SessionRecord
-    owner: bool
-    args: tuple[str, ...]
+    superuser: bool
+    text: str
+    """Everything after the command, as typed (a persona keeps its line breaks)."""
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        return tuple(self.text.split())
 
 
 Flow = Callable[[_Call], Awaitable[str]]
@@ -149,20 +151,9 @@ def parse_setting(name: SettingName, word: str) -> float | int:
         number = float(word)
     except ValueError:
         number = math.nan  # malformed: refused with the same range message as out of range
-    return validate(name, number)
-
-
-# ---- who may ------------------------------------------------------------------------
-def _group_admin(event: MessageEvent) -> bool:
-    if not runtime.get().config.memsum_group_admin_commands:
-        return False
-    return isinstance(event, GroupMessageEvent) and event.sender.role in ("owner", "admin")
-
-
-def _session_record(bot: Bot, event: MessageEvent) -> SessionRecord:
-    if isinstance(event, GroupMessageEvent):
-        return onebot.group_record(bot.self_id, event.group_id)
-    return onebot.private_record(bot.self_id, event.user_id)
+    value = validate(name, number)
+    assert not isinstance(value, str)  # a number in, a number out
+    return value
 
 
 # ---- the flows ----------------------------------------------------------------------
@@ -173,8 +164,6 @@ async def _compress(call: _Call) -> str:
         result = await runtime.get().compression.compress(call.record.id)
     except CompressionError as err:
         return f"压缩失败：{err.reason}"
-    except StoreError:  # R-RUN-11: rolled back, and the run has logged it
-        return f"压缩失败：{STORE_FAILED}"
     logger.info(f"memsum: {call.event.user_id} compressed {call.record.id} ({result.outcome})")
     return receipt(result)
 
@@ -202,8 +191,6 @@ async def _setting(name: SettingName, call: _Call) -> str:
     if len(words) > 1:
         return f"用法：/{title} [群] [值|默认]"
     if words:
-        if not call.owner:  # R-CFG-2: only an owner changes it, whatever the admin option says
-            return REFUSED_CHANGE
         key = call.record.id if scope == "session" else place_key(call.record)
         if key is None:
             return "私聊没有群设置。"
@@ -231,6 +218,101 @@ async def _show_setting(name: SettingName, record: SessionRecord) -> str:
     return setting_text(name, resolved, await rt.compression.status(record.id))
 
 
+def mode_text(resolved: Resolved, where: str) -> str:
+    mode: Mode = resolved.value  # type: ignore[assignment]  # validated on the way in
+    return f"{where}模式：{MODE_WORDS[mode]}（{resolved.layer_label}）：{_MODE_MEANINGS[mode]}。"
+
+
+async def _mode(call: _Call) -> str:
+    """Show or set the place's mode (a layered setting)."""
+    rt = runtime.get()
+    scope, key = place_scope(call.record)
+    where = _SCOPE_WORDS[scope]
+    words = call.args
+    if len(words) > 1 or (words and words[0] not in (*_WORD_MODES, "默认")):
+        return "用法：/记忆模式 [开|仅记录|关|默认]"
+    if words == ("默认",):
+        await rt.settings.reset("mode", scope, key)
+    elif words:
+        await rt.settings.set("mode", scope, key, _WORD_MODES[words[0]])
+    now = mode_text(await rt.settings.of_place("mode", call.record), where)
+    if not words:
+        return now
+    logger.info(f"memsum: {call.event.user_id} set the mode of {scope} {key}: {words[0]}")
+    done = f"已恢复{where}模式为默认。" if words == ("默认",) else f"已将{where}模式设为 {words[0]}。"
+    return f"{done}\n现在：{now}"
+
+
+async def _persona(call: _Call) -> str:
+    """Show or set the place's persona (a layered setting), capped at PERSONA_MAX characters."""
+    rt = runtime.get()
+    scope, key = place_scope(call.record)
+    where = _SCOPE_WORDS[scope]
+    text = call.text.strip()
+    done = ""
+    if text == "默认":
+        await rt.settings.reset("persona", scope, key)
+        done = f"已恢复{where}人设为默认。"
+    elif text:
+        try:
+            await rt.settings.set("persona", scope, key, text)
+        except ValueError as err:
+            return f"没有修改：{err}。"
+        done = f"已设置{where}人设（{len(text)} 字），从下一次回答起生效。"
+    resolved = await rt.settings.of_place("persona", call.record)
+    shown = f"{where}人设（{resolved.layer_label}）：\n{resolved.value}"
+    if not done:
+        return shown
+    logger.info(f"memsum: {call.event.user_id} changed the persona of {scope} {key}")
+    return f"{done}\n现在：{shown}"
+
+
+async def _usage(call: _Call) -> str:
+    """This place's usage and cost in a period; a superuser in private also gets the top places."""
+    rt = runtime.get()
+    period = "".join(call.args) or "今天"
+    if period not in usage.PERIODS:
+        return "用法：/用量 [今天|7天|30天|全部]"
+    since = usage.period_start(period, clock.now(), rt.controls.zone)
+    place = usage.usage_place(call.record)
+    rows, activity = await usage.load(rt.store, place, since)
+    models = {m.id: m for m in rt.config.memsum_models}
+    cap = await rt.settings.of_place("daily_token_cap", call.record)
+    parts = [
+        usage.report_text(_SCOPE_WORDS[place_scope(call.record)[0]], period, rows, activity, models),
+        usage.cap_text(int(cap.value), cap.layer_label, await rt.controls.used_today(call.record)),
+    ]
+    if call.superuser and not isinstance(call.event, GroupMessageEvent):
+        parts.append(
+            usage.top_text(period, usage.rank_places(await rt.store.usage_rows(None, since), models))
+        )
+    return "\n\n".join(parts)
+
+
+async def _cap(call: _Call) -> str:
+    """Show or set the place's daily token cap (a layered setting); 无 = no cap here."""
+    rt = runtime.get()
+    scope, key = place_scope(call.record)
+    where = _SCOPE_WORDS[scope]
+    words = call.args
+    if len(words) > 1:
+        return "用法：/限额 [token 数|无|默认]"
+    if words == ("默认",):
+        await rt.settings.reset("daily_token_cap", scope, key)
+    elif words:
+        try:
+            value = 0 if words[0] == "无" else parse_setting("daily_token_cap", words[0])
+            await rt.settings.set("daily_token_cap", scope, key, value)
+        except ValueError as err:
+            return f"没有修改：{err}。"
+    resolved = await rt.settings.of_place("daily_token_cap", call.record)
+    now = usage.cap_text(int(resolved.value), resolved.layer_label, await rt.controls.used_today(call.record))
+    if not words:
+        return f"{where}{now}"
+    logger.info(f"memsum: {call.event.user_id} set the daily cap of {scope} {key}: {words[0]}")
+    return f"已修改{where}每日限额。\n现在：{where}{now}"
+
+
 async def _clear(call: _Call) -> str:
     words = list(call.args)
     kind = words.pop(0) if words else "上下文"
@@ -255,7 +337,10 @@ async def _clear_context(call: _Call) -> str:
 
 
 async def _help(call: _Call) -> str:
-    return USAGE
+    """What the asker may use, here (as NoneBot's permission of each command decides it)."""
+    bot = call.bot
+    lines = [c.usage for c in COMMANDS if c.name and await c.permission(bot, call.event)]
+    return "\n".join([*lines, *_HELP_NOTES])
 
 
 # ---- confirmation of /清除 上下文 -----------------------------------------------------
@@ -271,7 +356,7 @@ async def _is_confirmation(bot: Bot, event: MessageEvent) -> bool:
     """「确认」 from the user who asked, in the same session, in time; anything else flows on."""
     if event.get_plaintext().strip() != CONFIRM_WORD:
         return False
-    key = _confirm_key(_session_record(bot, event), event)
+    key = _confirm_key(onebot.record_of(bot, event)[0], event)
     deadline = _pending.get(key)
     if deadline is None:
         return False
@@ -288,15 +373,78 @@ async def _confirm(call: _Call) -> str:
 
 
 # ---- wiring -------------------------------------------------------------------------
-_COMMANDS: tuple[tuple[str | None, Flow], ...] = (
-    ("压缩", _compress),
-    ("摘要", _summary),
-    ("压缩线", _compress_at),
-    ("条数线", _history_limit),
-    ("清除", _clear),
-    ("记忆帮助", _help),
-    (None, _confirm),  # a plain 「确认」 answering /清除 上下文
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One command: its name (None: a plain 「确认」), flow, who may use it, its help line."""
+
+    name: str | None
+    flow: Flow
+    permission: Permission
+    usage: str
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("压缩", _compress, SUPERUSER_OR_GROUP_ADMIN, "/压缩  立即压缩本会话"),
+    Command("摘要", _summary, SUPERUSER_OR_GROUP_ADMIN, "/摘要  查看摘要、保留原文、上次压缩和用量"),
+    Command(
+        "清除",
+        _clear,
+        SUPERUSER_OR_GROUP_ADMIN,
+        "/清除 [上下文|摘要]  清除上下文（连同摘要，需再回复「确认」）或只清除摘要",
+    ),
+    Command(
+        "记忆模式",
+        _mode,
+        SUPERUSER_OR_GROUP_ADMIN,
+        "/记忆模式 [开|仅记录|关|默认]  查看或设置本群模式：开 = 记录并回答，仅记录 = 只记录不回答，"
+        "关 = 都不做",
+    ),
+    Command(
+        "人设",
+        _persona,
+        SUPERUSER_OR_GROUP_ADMIN,
+        f"/人设 [文本|默认]  查看或设置本群人设（最长 {PERSONA_MAX} 字）",
+    ),
+    Command(
+        "用量",
+        _usage,
+        SUPERUSER_OR_GROUP_ADMIN,
+        "/用量 [今天|7天|30天|全部]  本群的 token 用量、回答和压缩次数、费用（按模型）",
+    ),
+    Command(
+        "限额",
+        _cap,
+        SUPERUSER,
+        "/限额 [token 数|无|默认]  查看或设置本群每日 token 限额（用完后只提醒一次，次日恢复）",
+    ),
+    Command(
+        "压缩线",
+        _compress_at,
+        SUPERUSER,
+        "/压缩线 [群] [0~1|默认]  查看或设置压缩线（0 = 不按用量压缩；加「群」改整个群）",
+    ),
+    Command(
+        "条数线",
+        _history_limit,
+        SUPERUSER,
+        "/条数线 [群] [条数|默认]  查看或设置条数线（0 = 不按条数压缩；加「群」改整个群）",
+    ),
+    Command("记忆帮助", _help, SUPERUSER_OR_GROUP_ADMIN, "/记忆帮助  列出你能用的命令"),
+    Command(None, _confirm, Permission(), "确认"),  # a plain 「确认」 answering /清除 上下文
 )
+_HELP_NOTES = (
+    "命令只有机器人的主人能用；开启 MEMSUM_GROUP_ADMIN_COMMANDS 后，群主和管理员可在本群使用"
+    " /压缩 /摘要 /清除 /记忆模式 /人设 /用量 /记忆帮助。",
+)
+USAGE = "\n".join([*(c.usage for c in COMMANDS if c.name), *_HELP_NOTES])
+"""Every command, for PluginMetadata; /记忆帮助 shows the asker only theirs."""
+_NAMES = frozenset((c.name,) for c in COMMANDS if c.name)
+
+
+def is_memsum_command(state: T_State) -> bool:
+    """Whether NoneBot read the message as one of our commands (the recording matcher
+    leaves those alone: a command the sender may not use is not ours to record)."""
+    return state.get(PREFIX_KEY, {}).get(CMD_KEY) in _NAMES
 
 
 def _handler(name: str, flow: Flow) -> Callable[..., Awaitable[None]]:
@@ -306,21 +454,16 @@ def _handler(name: str, flow: Flow) -> Callable[..., Awaitable[None]]:
         onebot.release_arrival(state)  # a command is never stored; a long /压缩 must not hold later messages
         if str(event.user_id) == bot.self_id:
             await matcher.finish()  # the bot's own message echoed back (a reply starting with "/")
-        owner = await SUPERUSER(bot, event)
-        if not owner and not _group_admin(event):
-            admins_allowed = runtime.get().config.memsum_group_admin_commands
-            text = REFUSED_ADMINS if admins_allowed and isinstance(event, GroupMessageEvent) else REFUSED
-        else:
-            record = _session_record(bot, event)
-            await runtime.get().store.save_session(record)  # the place layer needs the record
-            words = tuple(arg.extract_plain_text().split()) if arg is not None else ()
-            try:
-                text = await flow(_Call(event, record, owner, words))
-            except Exception:
-                logger.exception(f"memsum: command {name} failed")
-                text = FAILED
+        record, _ = onebot.record_of(bot, event)
+        await runtime.get().store.save_session(record)  # the place layer needs the record
+        text = arg.extract_plain_text() if arg is not None else ""
         try:
-            await onebot.send_reply(bot, event, text)
+            answer = await flow(_Call(bot, event, record, await SUPERUSER(bot, event), text))
+        except Exception:
+            logger.exception(f"memsum: command {name} failed")
+            answer = FAILED
+        try:
+            await onebot.send_reply(bot, event, answer)
         except Exception as err:  # the connection (or the bot, shutting down) is gone
             logger.warning(f"memsum: could not answer {name}: {type(err).__name__}: {err}")
         await matcher.finish()
@@ -331,9 +474,9 @@ def _handler(name: str, flow: Flow) -> Callable[..., Awaitable[None]]:
 def register_commands(config: Config) -> None:
     """Declare every command; they block, above the recording matcher's priority."""
     priority = config.memsum_command_priority
-    for name, flow in _COMMANDS:
-        if name is None:
+    for command in COMMANDS:
+        if command.name is None:
             matcher = on_message(rule=Rule(_is_confirmation), priority=priority, block=True)
         else:
-            matcher = on_command(name, priority=priority, block=True)
-        matcher.handle()(_handler(name or CONFIRM_WORD, flow))
+            matcher = on_command(command.name, permission=command.permission, priority=priority, block=True)
+        matcher.handle()(_handler(command.name or CONFIRM_WORD, command.flow))

@@ -18,6 +18,7 @@ from .agent.tools import StoreTodoProvider, ToolRegistry, register_todo_tool
 from .agent.turn import Agent
 from .compression.service import CompressionService
 from .config import Config
+from .controls import Controls
 from .llm import LLMClient, Registry
 from .llm.tokens import aload_encoding, encoding_name
 from .onebot.state import OneBotState
@@ -37,6 +38,7 @@ class Runtime:
     todos: StoreTodoProvider
     agent: Agent
     compression: CompressionService
+    controls: Controls
     nicknames: list[str] = field(default_factory=list)
     onebot: OneBotState = field(default_factory=OneBotState)
     """Names, arrival tickets and recording locks of the OneBot layer, bounded."""
@@ -99,8 +101,9 @@ async def build(config: Config, db_path: Path, nicknames: list[str], superusers:
         is_owner=owner_check(superusers),  # R-TPL-3: the owner check is NoneBot's SUPERUSERS
     )
     compression.attach()
+    controls = Controls(store, settings, config)
     return Runtime(
-        config, store, registry, client, bus, settings, tools, todos, agent, compression, nicknames
+        config, store, registry, client, bus, settings, tools, todos, agent, compression, controls, nicknames
     )
 
 

@@ -1,4 +1,5 @@
-"""Layered per-session settings: `compress_at` and `history_limit` (R-CFG-2/3/4/6).
+"""Layered per-session settings: `compress_at` and `history_limit` (R-CFG-2/3/4/6), and
+the owner's controls `mode`, `persona` and `daily_token_cap`.
 
 Layers, lowest first: plugin config < platform tier (`onebot`) < platform-type tier
 (`onebot.group`) < place (one group) < session. Tiers come from `.env`; place and
@@ -12,12 +13,30 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .config import Config, Tier
+from .config import PERSONA_MAX, Config, Mode, Tier
 from .store import Store
 from .types import SessionRecord
 
-SettingName = Literal["compress_at", "history_limit"]
-SETTING_NAMES: tuple[SettingName, ...] = ("compress_at", "history_limit")
+SettingName = Literal["compress_at", "history_limit", "mode", "persona", "daily_token_cap"]
+SETTING_NAMES: tuple[SettingName, ...] = (
+    "compress_at",
+    "history_limit",
+    "mode",
+    "persona",
+    "daily_token_cap",
+)
+COPIED_TO_CHILDREN: tuple[SettingName, ...] = ("compress_at", "history_limit")
+"""R-CFG-3 is about the compression settings; a child has no place to be switched off in."""
+Value = float | int | str
+MODE_WORDS: dict[Mode, str] = {"on": "开", "record": "仅记录", "off": "关"}
+MAX_DAILY_CAP = 10**12
+_CONFIG_KEYS: dict[SettingName, str] = {
+    "compress_at": "memsum_compress_at",
+    "history_limit": "memsum_history_limit",
+    "mode": "memsum_default_mode",
+    "persona": "memsum_persona",
+    "daily_token_cap": "memsum_daily_token_cap",
+}
 LAYER_LABELS = {
     "global": "全局配置",
     "platform": "平台档",
@@ -31,7 +50,9 @@ LAYER_LABELS = {
 class Resolved:
     """An effective value and the layer it came from (a key of LAYER_LABELS)."""
 
-    value: float | int
+    value: Any
+    """float for compress_at; int for history_limit and daily_token_cap; str for mode
+    (a key of MODE_WORDS) and persona."""
     layer: str
 
     @property
@@ -56,12 +77,11 @@ def resolve(
     tiers: Mapping[str, Tier],
     platform_key: str,
     platform_type_key: str,
-    place_value: float | None,
-    session_value: float | None,
+    place_value: Value | None,
+    session_value: Value | None,
 ) -> Resolved:
     """The highest layer that sets `name` wins."""
-    default = config.memsum_compress_at if name == "compress_at" else config.memsum_history_limit
-    result = Resolved(default, "global")
+    result = Resolved(getattr(config, _CONFIG_KEYS[name]), "global")
     for layer, tier_name in (("platform", platform_key), ("platform_type", platform_type_key)):
         tier = tiers.get(tier_name)
         value = getattr(tier, name) if tier else None
@@ -74,19 +94,43 @@ def resolve(
     return result
 
 
-def validate(name: SettingName, value: float) -> float | int:
+def validate(name: SettingName, value: Value) -> Value:
     """The allowed range of each name, or ValueError with it in Chinese."""
+    if name == "mode":
+        if value not in MODE_WORDS:
+            raise ValueError("模式须是 开、仅记录 或 关")
+        return str(value)
+    if name == "persona":
+        text = str(value).strip()
+        if not text:
+            raise ValueError("人设不能为空（恢复默认请用「默认」）")
+        if len(text) > PERSONA_MAX:
+            raise ValueError(f"人设最长 {PERSONA_MAX} 字，这段有 {len(text)} 字")
+        return text
+    if name == "daily_token_cap":
+        number = float(value)
+        if not number.is_integer() or not 0 <= number <= MAX_DAILY_CAP:
+            raise ValueError(f"限额须是 0 到 {MAX_DAILY_CAP} 之间的整数 token 数（0 表示不限）")
+        return int(number)
     if name == "compress_at":
         if not 0 <= float(value) <= 1:
             raise ValueError("压缩线须在 0 到 1 之间（0 表示不按用量压缩）")
         return float(value)
-    if (isinstance(value, float) and not value.is_integer()) or int(value) < 0 or int(value) > 100000:
+    number = float(value)
+    if not number.is_integer() or not 0 <= number <= 100000:
         raise ValueError("条数线须是 0 到 100000 之间的整数（0 表示不按条数压缩）")
-    return int(value)
+    return int(number)
 
 
 def place_key(record: SessionRecord) -> str | None:
     return f"{record.platform}:{record.place}" if record.place else None
+
+
+def place_scope(record: SessionRecord) -> tuple[Literal["session", "place"], str]:
+    """Where a place's own value is stored: a group's place layer; a private chat (one
+    session, no place) its session layer."""
+    key = place_key(record)
+    return ("place", key) if key else ("session", record.id)
 
 
 class Settings:
@@ -106,10 +150,18 @@ class Settings:
         return values
 
     async def effective_all(
-        self, session_id: str, *, entry_platform: str | None = None, entry_type: str | None = None
+        self,
+        session_id: str,
+        *,
+        entry_platform: str | None = None,
+        entry_type: str | None = None,
+        record: SessionRecord | None = None,
     ) -> dict[SettingName, Resolved]:
-        """Both settings of a session, from two reads (the record is cached by the store)."""
-        record = await self._store.get_session(session_id)
+        """Every setting of a session, from two reads (the record is cached by the store).
+
+        `record`: the session's record when the caller has it (it may not be stored yet)."""
+        if record is None:
+            record = await self._store.get_session(session_id)
         platform_key, type_key = tier_keys(record, entry_platform, entry_type)
         place = place_key(record) if record else None
         place_values = await self._layer("place", place) if place else {}
@@ -139,8 +191,15 @@ class Settings:
         resolved = await self.effective_all(session_id, entry_platform=entry_platform, entry_type=entry_type)
         return resolved[name]
 
+    async def of_place(self, name: SettingName, record: SessionRecord) -> Resolved:
+        """A setting of the place a chat session is in (its tiers from the record)."""
+        resolved = await self.effective_all(
+            record.id, entry_platform=record.platform, entry_type=record.kind, record=record
+        )
+        return resolved[name]
+
     async def set(
-        self, name: SettingName, scope: Literal["session", "place"], key: str, value: float
+        self, name: SettingName, scope: Literal["session", "place"], key: str, value: Value
     ) -> None:
         await self._store.set_setting(scope, key, name, validate(name, value))
         self._stored.pop((scope, key), None)  # after the write: a read meanwhile saw the old value
@@ -164,7 +223,7 @@ class Settings:
             if existing is not None:
                 return existing
             stored = await tx.save_session(child)
-            for name, value in resolved.items():
-                await tx.set_setting("session", child.id, name, value.value)
+            for name in COPIED_TO_CHILDREN:
+                await tx.set_setting("session", child.id, name, resolved[name].value)
         self._stored.pop(("session", child.id), None)
         return stored

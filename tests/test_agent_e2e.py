@@ -25,7 +25,6 @@ SUPERUSER = 10001
 PERSONA = "你是端到端测试群里的助手小记。"
 APOLOGY = "哎呀，出了点问题，稍后再试。"
 SUMMARY = "【最近在聊什么】\n闲聊\n【谁有问题没回应】\n无\n【关键原话要点】\n无\n【保留原文】\n无"
-REFUSED = "抱歉，只有机器人的主人可以使用这个命令。"
 
 
 def is_chat(body: dict[str, Any]) -> bool:
@@ -333,7 +332,6 @@ async def test_notices_become_notice_lines_in_the_next_request(
     group, sid = 50006, group_sid(50006)
     said_wrong = await sim.group_message(group, 20001, "发错了", nickname="张三")
     await wait_stored(bot, sid, 1)
-    sim.add_member(group, 20004, "新人")
     await sim.notice("group_increase", group_id=group, user_id=20004)
     await sim.notice("notify", sub_type="poke", group_id=group, user_id=20001, target_id=BOT)
     await sim.notice("group_recall", group_id=group, user_id=20001, message_id=said_wrong)
@@ -347,7 +345,7 @@ async def test_notices_become_notice_lines_in_the_next_request(
     assert len(notices) == 3
     assert [m["role"] for m in request["messages"] if str(m["content"]).startswith("[通知] ")] == ["user"] * 3
     joined = "\n".join(notices)
-    assert "新人(20004) 加入了本群" in joined  # looked up with get_group_member_info
+    assert "20004(20004) 加入了本群" in joined
     assert "张三(20001) 戳了戳" in joined
     assert "张三(20001) 撤回了一条消息" in joined
 
@@ -356,9 +354,7 @@ async def test_a_plugin_command_never_reaches_the_model(
     bot: BotProcess, sim: OneBotSim, llm: ScriptedLLM, every_request: list[dict[str, Any]]
 ) -> None:
     group, sid = 50007, group_sid(50007)
-    mark = len(sim.calls)
-    await sim.group_message(group, 20002, "/摘要", nickname="李四")
-    assert await said(sim, mark) == REFUSED
+    await sim.group_message(group, 20002, "/摘要", nickname="李四")  # not theirs to use: ignored
     mark = len(sim.calls)
     await sim.group_message(group, SUPERUSER, "/摘要", nickname="主人")
     owner_answer = await said(sim, mark)
@@ -372,7 +368,6 @@ async def test_a_plugin_command_never_reaches_the_model(
     for body in [*every_request, *llm.requests]:
         dumped = json.dumps(body, ensure_ascii=False)
         assert "/摘要" not in dumped
-        assert REFUSED not in dumped
         assert owner_answer not in dumped
 
 

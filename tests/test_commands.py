@@ -13,18 +13,16 @@ from collections.abc import Callable, Iterator
 from typing import Any, Literal, Self
 
 import pytest
-from nonebot.adapters.onebot.v11 import Bot, GroupMessageEvent, PrivateMessageEvent
+from nonebot.adapters.onebot.v11 import Bot, GroupIncreaseNoticeEvent, GroupMessageEvent, PrivateMessageEvent
 from nonebot.adapters.onebot.v11 import Message as OBMessage
 from nonebot.adapters.onebot.v11.event import Sender
 from nonebug import App
 from pydantic import create_model
 
-from nonebot_plugin_memsum import clock, commands, runtime
+from nonebot_plugin_memsum import clock, runtime
 from nonebot_plugin_memsum.agent.events import UsageEvent
 from nonebot_plugin_memsum.commands import (
-    REFUSED,
-    REFUSED_ADMINS,
-    REFUSED_CHANGE,
+    COMMANDS,
     USAGE,
     parse_setting,
     receipt,
@@ -32,11 +30,12 @@ from nonebot_plugin_memsum.commands import (
     status_text,
 )
 from nonebot_plugin_memsum.compression.service import CompressionResult, LastRun, SessionStatus
-from nonebot_plugin_memsum.config import ModelConfig
+from nonebot_plugin_memsum.config import DEFAULT_PERSONA, PERSONA_MAX, ModelConfig
 from nonebot_plugin_memsum.onebot import group_record, private_record
 from nonebot_plugin_memsum.settings import Resolved
 from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE
 from nonebot_plugin_memsum.types import Message
+from nonebot_plugin_memsum.usage import CAP_NOTE
 from tests.fakes.llm_server import API_KEY, Reply, ScriptedLLM
 
 SELF_ID = "10000"
@@ -132,12 +131,27 @@ class Satisfies:
     __hash__ = None  # type: ignore[assignment]
 
 
+def forwarded_text(nodes: Any) -> str:
+    """The text of a merged-forward message's nodes."""
+    return "".join(seg["data"]["text"] for n in nodes for seg in n["data"]["content"])
+
+
 async def run(app: App, event: Any, expect: str | None) -> None:
-    """Deliver `event`; the bot answers exactly `expect` (None: it says nothing)."""
+    """Deliver `event`; the bot answers exactly `expect` (None: it says nothing). A long
+    answer in a group goes out as a merged-forward message holding exactly that text."""
     async with app.test_matcher() as ctx:
         bot = ctx.create_bot(base=Bot, self_id=SELF_ID)
         ctx.receive_event(bot, event)
-        if expect is not None:
+        threshold = runtime.get().config.memsum_forward_threshold
+        if expect is None:
+            return
+        if isinstance(event, GroupMessageEvent) and not isinstance(expect, Like) and len(expect) > threshold:
+            ctx.should_call_api(
+                "send_group_forward_msg",
+                {"group_id": event.group_id, "messages": Satisfies(lambda n: forwarded_text(n) == expect)},
+                result={},
+            )
+        else:
             ctx.should_call_send(event, expect, result={"message_id": 1})
 
 
@@ -180,16 +194,39 @@ def llm(app: App) -> Iterator[ScriptedLLM]:
 # ---- who may use what ------------------------------------------------------------------
 Role = Literal["superuser", "owner", "admin", "member", "private peer", "superuser private"]
 ROLES: tuple[Role, ...] = ("superuser", "owner", "admin", "member", "private peer", "superuser private")
+SUPERUSER_ONLY = ("/压缩线", "/条数线", "/限额")
+HELP_ALL = USAGE
+HELP_GROUP_ADMINS = "\n".join(line for line in USAGE.splitlines() if not line.startswith(SUPERUSER_ONLY))
 # What each command answers in a fresh, empty session when it is allowed.
-ALLOWED_ANSWER = {
+ALLOWED_ANSWER: dict[str, str | Callable[[Role], str]] = {
     "/压缩": "没有需要压缩的内容。",
     "/摘要": EMPTY_STATUS,
     "/压缩线": "压缩线 0.8（全局配置）；还没有用量记录，生效线在首次调用模型后才知道。",
     "/条数线": "条数线 0（全局配置）：不按条数压缩。",
     "/清除 摘要": "已清除本会话的摘要，上下文保留。",
     "/清除": "将清除本会话的全部上下文和摘要，无法恢复。60 秒内回复「确认」继续。",
-    "/记忆帮助": USAGE,
+    "/记忆模式": lambda role: f"{where(role)}模式：开（全局配置）：记录并回答。",
+    "/人设": lambda role: f"{where(role)}人设（全局配置）：\n{DEFAULT_PERSONA}",
+    "/用量": lambda role: usage_answer(role),
+    "/限额": lambda role: f"{where(role)}每日限额：不限（全局配置）。{CAP_NOTE}",
+    "/记忆帮助": lambda role: HELP_ALL if role.startswith("superuser") else HELP_GROUP_ADMINS,
 }
+
+
+def usage_answer(role: Role) -> str:
+    """/用量 in a place that never called a model; a superuser in private also gets the top
+    places, which other tests' spending decides."""
+    own = (
+        f"{where(role)}用量（今天）：回答 0 次，压缩 0 次\n这段时间没有调用模型。\n\n"
+        f"每日限额：不限（全局配置）。{CAP_NOTE}"
+    )
+    if role == "superuser private":
+        return Like(re.escape(own) + r"\n\n花费最多的地方（今天）：\n.+")
+    return own
+
+
+def where(role: Role) -> str:
+    return "本会话" if role in ("private peer", "superuser private") else "本群"
 
 
 def event_for(role: Role, text: str, group: int) -> GroupMessageEvent | PrivateMessageEvent:
@@ -209,36 +246,75 @@ def session_of(role: Role, group: int) -> str:
     return group_record(SELF_ID, group).id
 
 
+def may_use(role: Role, command: str, admin_option: bool) -> bool:
+    if role.startswith("superuser"):
+        return True
+    return admin_option and role in ("owner", "admin") and not command.startswith(SUPERUSER_ONLY)
+
+
 @pytest.mark.parametrize("admin_option", [False, True], indirect=True, ids=["option-off", "option-on"])
 @pytest.mark.parametrize("role", ROLES)
 @pytest.mark.parametrize("text", list(ALLOWED_ANSWER))
 async def test_who_may_use_each_command(app: App, admin_option: bool, role: Role, text: str) -> None:
     group = new_group()
-    in_group = role not in ("private peer", "superuser private")
-    allowed = role.startswith("superuser") or (admin_option and role in ("owner", "admin"))
-    refusal = REFUSED_ADMINS if admin_option and in_group else REFUSED
     session = session_of(role, group)
     before = await history(session)
-    await run(app, event_for(role, text, group), ALLOWED_ANSWER[text] if allowed else refusal)
-    # Refused or not, a command never enters history.
+    expected = ALLOWED_ANSWER[text]
+    if not may_use(role, text, admin_option):
+        expected = None  # not handled at all: no refusal
+    elif callable(expected):
+        expected = expected(role)
+    await run(app, event_for(role, text, group), expected)
+    # Allowed or not, a command never enters history.
     assert await history(session) == before
 
 
-async def test_refused_member_changes_nothing(app: App) -> None:
+async def test_a_member_changes_nothing_and_hears_nothing(app: App) -> None:
     group = new_group()
     sid = group_record(SELF_ID, group).id
     await seed(sid, group, 3)
     await runtime.get().store.put_meta(SUMMARY_NAMESPACE, sid, {"text": "旧摘要", "kept_messages": 0})
-    for text in ("/清除 上下文 确认", "/清除 摘要", "/压缩", "/压缩线 0.1", "/条数线 群 5"):
-        await run(app, group_msg(text, group, user=20003), REFUSED)
+    for text in (
+        "/清除 上下文 确认",
+        "/清除 摘要",
+        "/压缩",
+        "/压缩线 0.1",
+        "/条数线 群 5",
+        "/记忆模式 关",
+        "/人设 你是一只猫",
+    ):
+        await run(app, group_msg(text, group, user=20003), None)
     assert [m.content for m in await history(sid)] == [seeded_line(i) for i in range(3)]
     assert await runtime.get().store.get_meta(SUMMARY_NAMESPACE, sid) == {
         "text": "旧摘要",
         "kept_messages": 0,
     }
     rt = runtime.get()
-    assert (await rt.settings.effective("compress_at", sid)).layer == "global"
-    assert (await rt.settings.effective("history_limit", sid)).layer == "global"
+    for name in ("compress_at", "history_limit", "mode", "persona"):
+        assert (await rt.settings.effective(name, sid)).layer == "global"  # type: ignore[arg-type]
+
+
+async def test_a_members_command_goes_on_to_another_plugins_matcher(app: App) -> None:
+    # Another plugin with a /摘要 of its own, below our commands' priority: a member's
+    # /摘要 is its business; ours (a superuser's) blocks before it.
+    from nonebot import on_command
+
+    other = on_command("摘要", priority=10, block=True)
+    seen: list[str] = []
+
+    @other.handle()
+    async def _(event: GroupMessageEvent) -> None:
+        seen.append(event.get_plaintext())
+
+    try:
+        group = new_group()
+        await run(app, group_msg("/摘要 今天", group, user=20003), None)
+        assert seen == ["/摘要 今天"]
+        await run(app, group_msg("/摘要", group), Like("本会话还没有摘要。.*"))
+        assert seen == ["/摘要 今天"]
+    finally:
+        other.destroy()
+    assert await history(group_record(SELF_ID, group).id) == []
 
 
 # ---- /压缩 ------------------------------------------------------------------------------
@@ -511,21 +587,182 @@ async def test_r_cfg_2_no_group_layer_in_private(app: App) -> None:
 @pytest.mark.parametrize(
     "text", ["/压缩线 0.3", "/压缩线 默认", "/压缩线 群 0.3", "/条数线 10", "/条数线 群 默认"]
 )
-async def test_r_cfg_2_group_admins_may_look_but_not_change(
+async def test_r_cfg_2_the_lines_stay_superuser_only_with_the_admin_option(
     app: App, admin_option: bool, role: Role, text: str
 ) -> None:
     group = new_group()
     sid = group_record(SELF_ID, group).id
     await runtime.get().settings.set("compress_at", "place", f"onebot:group:{group}", 0.7)
-    await run(app, group_msg(text, group, user=20002, role=role), REFUSED_CHANGE)
+    await run(app, group_msg(text, group, user=20002, role=role), None)
     rt = runtime.get()
-    assert (await rt.settings.effective("compress_at", sid)).value == 0.7
+    assert (await rt.settings.of_place("compress_at", group_record(SELF_ID, group))).value == 0.7
     assert (await rt.store.get_settings("session", sid)).get("compress_at") is None
     assert (await rt.store.get_settings("session", sid)).get("history_limit") is None
 
 
+# ---- /记忆模式 and what a mode does --------------------------------------------------
+async def turns_requested(app: App, event: Any) -> list[str]:
+    """Deliver a message (nothing said back); the sessions it asked the agent to answer
+    (recorded instead of run: a turn without a model would answer with an apology)."""
+    asked: list[str] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runtime.get().agent, "request_turn", lambda sid, *a, **k: asked.append(sid))
+        await run(app, event, None)
+    return asked
+
+
+def to_me(event: GroupMessageEvent) -> GroupMessageEvent:
+    return event.model_copy(update={"to_me": True})
+
+
+async def test_mode_is_set_shown_and_reset_with_its_layer(app: App) -> None:
+    group = new_group()
+    await run(
+        app,
+        group_msg("/记忆模式 仅记录", group),
+        "已将本群模式设为 仅记录。\n现在：本群模式：仅记录（本群）：只记录和压缩，不回答。",
+    )
+    assert await runtime.get().store.get_settings("place", f"onebot:group:{group}") == {"mode": "record"}
+    await run(app, group_msg("/记忆模式", group), "本群模式：仅记录（本群）：只记录和压缩，不回答。")
+    await run(
+        app,
+        group_msg("/记忆模式 关", group),
+        "已将本群模式设为 关。\n现在：本群模式：关（本群）：不记录也不回答（命令照常可用）。",
+    )
+    await run(
+        app,
+        group_msg("/记忆模式 默认", group),
+        "已恢复本群模式为默认。\n现在：本群模式：开（全局配置）：记录并回答。",
+    )
+    assert await runtime.get().store.get_settings("place", f"onebot:group:{group}") == {}
+
+
+async def test_mode_in_private_is_the_sessions(app: App) -> None:
+    sid = private_record(SELF_ID, SUPERUSER_ID).id
+    try:
+        await run(
+            app,
+            private_msg("/记忆模式 关"),
+            "已将本会话模式设为 关。\n现在：本会话模式：关（本会话）：不记录也不回答（命令照常可用）。",
+        )
+        assert (await runtime.get().store.get_settings("session", sid)).get("mode") == "off"
+    finally:
+        await runtime.get().settings.reset("mode", "session", sid)
+
+
+@pytest.mark.parametrize("text", ["/记忆模式 休息", "/记忆模式 开 关", "/记忆模式 on"])
+async def test_mode_with_an_unknown_word_shows_the_usage_and_changes_nothing(app: App, text: str) -> None:
+    group = new_group()
+    await run(app, group_msg(text, group), "用法：/记忆模式 [开|仅记录|关|默认]")
+    assert await runtime.get().store.get_settings("place", f"onebot:group:{group}") == {}
+
+
+@pytest.mark.parametrize("admin_option", [True], indirect=True)
+async def test_a_group_admin_sets_the_mode_of_their_group(app: App, admin_option: bool) -> None:
+    group = new_group()
+    await run(
+        app,
+        group_msg("/记忆模式 关", group, user=20002, role="admin"),
+        Like("已将本群模式设为 关。.*"),
+    )
+    assert await runtime.get().controls.mode(group_record(SELF_ID, group)) == "off"
+
+
+async def test_an_off_group_records_nothing_but_commands_still_work(app: App) -> None:
+    group = new_group()
+    sid = group_record(SELF_ID, group).id
+    await run(app, group_msg("/记忆模式 关", group), Like("已将本群模式设为 关。.*"))
+    assert await turns_requested(app, to_me(group_msg("小记在吗", group, user=20003))) == []
+    joined = GroupIncreaseNoticeEvent.model_validate(
+        {
+            "time": 1_700_000_000,
+            "self_id": int(SELF_ID),
+            "post_type": "notice",
+            "notice_type": "group_increase",
+            "sub_type": "approve",
+            "group_id": group,
+            "user_id": 20004,
+            "operator_id": 20004,
+        }
+    )
+    await run(app, joined, None)
+    assert await history(sid) == []
+    await run(app, group_msg("/摘要", group), EMPTY_STATUS)
+    await run(app, group_msg("/记忆模式 开", group), Like("已将本群模式设为 开。.*"))
+    await run(app, group_msg("现在记下来", group, user=20003), None)
+    assert [m.content for m in await history(sid)] == ["[用户20003(20003)] 现在记下来"]
+
+
+async def test_a_record_only_group_records_and_never_answers(app: App) -> None:
+    group = new_group()
+    sid = group_record(SELF_ID, group).id
+    await run(app, group_msg("/记忆模式 仅记录", group), Like("已将本群模式设为 仅记录。.*"))
+    assert await turns_requested(app, to_me(group_msg("小记在吗", group, user=20003))) == []
+    assert await turns_requested(app, group_msg("大家好", group, user=20003)) == []
+    assert [m.content for m in await history(sid)] == [
+        "[用户20003(20003)] 小记在吗",
+        "[用户20003(20003)] 大家好",
+    ]
+
+
+async def test_an_on_group_starts_a_turn_for_a_message_to_the_bot(app: App) -> None:
+    # The counterpart of the tests around it: the same message in an `on` group asks for a turn.
+    group = new_group()
+    sid = group_record(SELF_ID, group).id
+    assert await turns_requested(app, to_me(group_msg("小记在吗", group, user=20003))) == [sid]
+
+
+async def test_default_mode_record_answers_nowhere(app: App, monkeypatch: pytest.MonkeyPatch) -> None:
+    # MEMSUM_DEFAULT_MODE=record: another plugin uses the memory without a second chat bot.
+    rt = runtime.get()
+    config = rt.config.model_copy(update={"memsum_default_mode": "record"})
+    monkeypatch.setattr(rt.settings, "_config", config)
+    peer = new_group()  # a private peer of its own
+    sid = private_record(SELF_ID, peer).id
+    assert await turns_requested(app, private_msg("你好", user=peer)) == []
+    assert [m.content for m in await history(sid)] == [f"[用户{peer}({peer})] 你好"]
+
+
+# ---- /人设 ----------------------------------------------------------------------------------
+async def test_persona_is_set_shown_used_and_reset(app: App) -> None:
+    group = new_group()
+    sid = group_record(SELF_ID, group).id
+    persona = "你是一只会说话的猫，\n说话结尾带「喵」。"
+    await run(
+        app,
+        group_msg(f"/人设 {persona}", group),
+        f"已设置本群人设（{len(persona)} 字），从下一次回答起生效。\n现在：本群人设（本群）：\n{persona}",
+    )
+    rt = runtime.get()
+    assert (await rt.agent.system_parts(sid))[0] == persona
+    await run(app, group_msg("/人设", group), f"本群人设（本群）：\n{persona}")
+    await run(
+        app,
+        group_msg("/人设 默认", group),
+        f"已恢复本群人设为默认。\n现在：本群人设（全局配置）：\n{DEFAULT_PERSONA}",
+    )
+    assert (await rt.agent.system_parts(sid))[0] == DEFAULT_PERSONA
+
+
+async def test_a_persona_too_long_is_refused_with_the_limit(app: App) -> None:
+    group = new_group()
+    await run(
+        app,
+        group_msg("/人设 " + "喵" * (PERSONA_MAX + 1), group),
+        f"没有修改：人设最长 {PERSONA_MAX} 字，这段有 {PERSONA_MAX + 1} 字。",
+    )
+    assert await runtime.get().store.get_settings("place", f"onebot:group:{group}") == {}
+
+
+async def test_a_persona_set_in_one_group_stays_there(app: App) -> None:
+    group, other = new_group(), new_group()
+    await run(app, group_msg("/人设 只在这个群", group), Like("已设置本群人设.*"))
+    rt = runtime.get()
+    assert (await rt.settings.of_place("persona", group_record(SELF_ID, other))).value == DEFAULT_PERSONA
+
+
 # ---- /清除 ------------------------------------------------------------------------------
-ASK = ALLOWED_ANSWER["/清除"]
+ASK = str(ALLOWED_ANSWER["/清除"])
 CLEARED = "已清除本会话的上下文和摘要。"
 
 
@@ -624,10 +861,13 @@ async def test_clear_with_unknown_words_shows_usage_and_clears_nothing(app: App,
 
 
 # ---- help ---------------------------------------------------------------------------
-def test_help_lists_every_command() -> None:
-    for command in ("/压缩 ", "/摘要 ", "/压缩线 ", "/条数线 ", "/清除 ", "/记忆帮助 "):
-        assert command in USAGE
-    assert len(commands._COMMANDS) == 7
+def test_usage_lists_every_command() -> None:
+    named = [c.name for c in COMMANDS if c.name]
+    assert sorted(named) == sorted(
+        ["压缩", "摘要", "压缩线", "条数线", "清除", "记忆帮助", "记忆模式", "人设", "用量", "限额"]
+    )
+    for name in named:
+        assert f"\n/{name} " in f"\n{USAGE}"
 
 
 # ---- the texts, pure ----------------------------------------------------------------

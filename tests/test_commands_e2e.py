@@ -1,19 +1,35 @@
 """The commands end to end: bot.py as a subprocess, the OneBot simulator, and a scripted
 summary model on real HTTP that answers only when the test lets it (a slow model with
-no timing in the test)."""
+no timing in the test); and every command × role × the admin option over OneBot, beside
+another plugin with commands of the same names."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from nonebot_plugin_memsum.controls import CAP_NOTICE
 from tests.fakes.botproc import BotProcess
-from tests.fakes.e2e import connected, group_sid, query, until
+from tests.fakes.e2e import (
+    SELF_ID,
+    connected,
+    group_sid,
+    private_sid,
+    query,
+    restart,
+    running_bot,
+    until,
+    wait_log,
+)
 from tests.fakes.llm_server import Gate, Reply, ScriptedLLM
-from tests.fakes.onebot import OneBotSim, plain_text
+from tests.fakes.onebot import FORWARD_ACTIONS, SEND_ACTIONS, ApiCall, OneBotSim, at, plain_text
+from tests.fakes.onebot import text as seg
+from tests.test_commands import ALLOWED_ANSWER, ROLES, Role, may_use
 
 SUPERUSER = 10001
 SUMMARY = "【最近在聊什么】\n周末爬山\n【谁有问题没回应】\n无\n【关键原话要点】\n无\n【保留原文】\n无"
@@ -120,3 +136,155 @@ async def test_r_prog_3_a_second_compress_while_one_runs_is_refused(
     sid = group_sid(group)
     assert await active(bot, sid) == ["对话已压缩"]
     assert len(await summary(bot, sid)) == 1
+
+
+# ---- who may use what, through bot.py and the OneBot simulator -------------------------
+# Another plugin the bot runs, with commands of the same names as ours, loaded from the
+# bot folder's pyproject.toml as `nb plugin install` would list it. It sits between our
+# commands (priority 5) and our recording (50) and does not block, so an event it gets
+# also reaches our recording matcher, which must leave it alone.
+OTHER_PLUGIN = """
+from nonebot import on_command
+from nonebot.adapters.onebot.v11 import Bot, MessageEvent
+
+for name in {names!r}:
+    matcher = on_command(name, priority=10, block=False)
+
+    @matcher.handle()
+    async def _(bot: Bot, event: MessageEvent) -> None:
+        await bot.send(event, "其他插件收到：" + event.get_plaintext())
+"""
+PYPROJECT = """[tool.nonebot]
+plugin_dirs = ["plugins"]
+
+[tool.nonebot.plugins]
+nonebot-plugin-memsum = ["nonebot_plugin_memsum"]
+"""
+
+
+def other_plugin_folder(workdir: Path) -> Path:
+    names = sorted({text.split()[0].lstrip("/") for text in ALLOWED_ANSWER})
+    (workdir / "plugins").mkdir(parents=True)
+    (workdir / "plugins" / "other_plugin.py").write_text(OTHER_PLUGIN.format(names=names), "utf-8")
+    (workdir / "pyproject.toml").write_text(PYPROJECT, "utf-8")
+    return workdir
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["option-off", "option-on"])
+async def matrix(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[tuple[BotProcess, OneBotSim, bool]]:
+    """bot.py with the other plugin and MEMSUM_GROUP_ADMIN_COMMANDS off or on; no model."""
+    option: bool = request.param
+    workdir = other_plugin_folder(tmp_path_factory.mktemp("matrix"))
+    env = {"MEMSUM_GROUP_ADMIN_COMMANDS": str(option).lower()}
+    async with running_bot(workdir, env=env) as (bot, sim):
+        yield bot, sim, option
+
+
+_cases = itertools.count(810_001)
+MEMBERS = {"owner": 20001, "admin": 20002, "member": 20003}
+
+
+async def say(sim: OneBotSim, role: Role, place: int, text: str) -> tuple[str, str]:
+    """`text` from someone of `role` in a group (or, for the private roles, a private chat)
+    of its own; the text of the next message the bot sends there, and that chat's session."""
+    mark = len(sim.calls)
+    if role in ("private peer", "superuser private"):
+        user = SUPERUSER if role == "superuser private" else place
+        await sim.private_message(user, text)
+        sid = private_sid(user)
+
+        def there(call: ApiCall) -> bool:
+            return call.params.get("user_id") == user and call.params.get("group_id") is None
+    else:
+        user = SUPERUSER if role == "superuser" else MEMBERS[role]
+        await sim.group_message(place, user, text, role="member" if role == "superuser" else role)
+        sid = group_sid(place)
+
+        def there(call: ApiCall) -> bool:
+            return call.params.get("group_id") == place
+
+    call = await sim.wait_call(set(SEND_ACTIONS | FORWARD_ACTIONS), predicate=there, after=mark)
+    return plain_text(call.params.get("message") or call.params.get("messages")), sid
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("text", list(ALLOWED_ANSWER))
+async def test_every_command_role_and_option_over_onebot(
+    matrix: tuple[BotProcess, OneBotSim, bool], role: Role, text: str
+) -> None:
+    bot, sim, option = matrix
+    place = next(_cases)
+    answer, sid = await say(sim, role, place, text)
+    if may_use(role, text, option):
+        expected = ALLOWED_ANSWER[text]
+        assert answer == (expected(role) if callable(expected) else expected)
+        return
+    # Not ours to handle: the other plugin got the message untouched, we said nothing …
+    assert answer == f"其他插件收到：{text}"
+    # … and recorded nothing: a later line of the same chat is stored after the command
+    # was stored or dropped (arrival order), so once it is there the command's fate is known.
+    if role == "private peer":
+        await sim.private_message(place, "收尾")
+    else:
+        await sim.group_message(place, MEMBERS[role], "收尾")
+
+    async def stored() -> bool:
+        return bool(await everything(bot, sid))
+
+    await until(stored, "the closing line stored")
+    assert [line.split("] ", 1)[1] for line in await everything(bot, sid)] == ["收尾"]
+
+
+# ---- the owner's controls survive a restart ----------------------------------------------
+async def test_modes_personas_caps_and_cooldowns_persist_across_a_restart(
+    tmp_path: Path, llm: ScriptedLLM
+) -> None:
+    off, persona, capped, cooling = 30201, 30202, 30203, 30204
+    member = 20001
+    env = {"MEMSUM_MODELS": json.dumps([llm.model_config()]), "MEMSUM_USER_COOLDOWN": "3600"}
+    llm.reset()
+    async with running_bot(tmp_path, env=env) as (bot, sim):
+
+        async def answer(group: int, text: str, user: int = SUPERUSER) -> str:
+            mark = len(sim.calls)
+            await sim.group_message(
+                group, user, text if user == SUPERUSER else [at(SELF_ID), seg(f" {text}")]
+            )
+            call = await sim.wait_call(
+                set(SEND_ACTIONS), predicate=lambda c: c.params.get("group_id") == group, after=mark
+            )
+            return plain_text(call.params["message"])
+
+        assert (await answer(off, "/记忆模式 关")).startswith("已将本群模式设为 关。")
+        assert (await answer(persona, "/人设 你是测试猫。")).startswith("已设置本群人设（6 字）")
+        assert (await answer(capped, "/限额 10")).startswith("已修改本群每日限额。")
+        llm.push(Reply("在的"), Reply("好的"))
+        assert await answer(cooling, "你好", member) == "在的"  # the member's cooldown starts
+        assert await answer(capped, "问题", member) == "好的"  # more than 10 tokens today
+        assert await answer(capped, "还在吗", member) == CAP_NOTICE  # the one notice of the day
+
+        await restart(bot, sim)
+        chat_before = len(llm.requests)
+
+        # 关: still off, nothing recorded.
+        assert (await answer(off, "/记忆模式")).startswith("本群模式：关（本群）")
+        await sim.group_message(off, member, "有人吗")
+        await wait_log(bot, f"not recording a message of {group_sid(off)}: mode off")
+        assert await everything(bot, group_sid(off)) == []
+        # The persona is the system prompt of the group's turns.
+        llm.push(Reply("喵"))
+        assert await answer(persona, "你是谁", member) == "喵"
+        assert llm.requests[-1]["messages"][0] == {"role": "system", "content": "你是测试猫。"}
+        # Capped, notice given: silent until tomorrow, still recording.
+        mark = len(sim.calls)
+        await sim.group_message(capped, member, [at(SELF_ID), seg(" 真的不行吗")])
+        await wait_log(bot, f"of {group_sid(capped)}: capped")
+        # Cooling down: the member's next question is recorded, not answered.
+        await sim.group_message(cooling, member, [at(SELF_ID), seg(" 又来了")])
+        await wait_log(bot, f"of {group_sid(cooling)}: cooling")
+        assert [c for c in sim.calls[mark:] if c.action in SEND_ACTIONS] == []
+        assert len(llm.requests) == chat_before + 1  # only the persona group's turn
+        assert (await everything(bot, group_sid(capped)))[-1].endswith("真的不行吗")
+        assert (await everything(bot, group_sid(cooling)))[-1].endswith("又来了")

@@ -16,6 +16,10 @@ def test_r_cfg_1_defaults_load_with_zero_configuration() -> None:
     assert config.memsum_reply_max_tokens == 1024
     assert config.memsum_llm_timeout == 120
     assert config.memsum_models == []
+    assert config.memsum_default_mode == "on"
+    assert config.memsum_daily_token_cap == 0
+    assert config.memsum_user_cooldown == 0
+    assert config.memsum_timezone is None
 
 
 @pytest.mark.parametrize(
@@ -47,6 +51,19 @@ def test_r_cfg_1_defaults_load_with_zero_configuration() -> None:
         ),
         ({"memsum_tiers": {"onebot": {"history_limit": -3}}}, "MEMSUM_TIERS[onebot][history_limit]", "0"),
         ({"memsum_max_tool_rounds": 99}, "MEMSUM_MAX_TOOL_ROUNDS", "32"),
+        ({"memsum_default_mode": "开"}, "MEMSUM_DEFAULT_MODE", "'on', 'record' or 'off'"),
+        (
+            {"memsum_tiers": {"onebot.group": {"mode": "quiet"}}},
+            "MEMSUM_TIERS[onebot.group][mode]",
+            "'record'",
+        ),
+        ({"memsum_tiers": {"onebot": {"persona": ""}}}, "MEMSUM_TIERS[onebot][persona]", "at least 1"),
+        ({"memsum_tiers": {"onebot": {"daily_token_cap": -5}}}, "MEMSUM_TIERS[onebot][daily_token_cap]", "0"),
+        ({"memsum_daily_token_cap": -1}, "MEMSUM_DAILY_TOKEN_CAP", "greater than or equal to 0"),
+        ({"memsum_user_cooldown": -1}, "MEMSUM_USER_COOLDOWN", "greater than or equal to 0"),
+        ({"memsum_timezone": "Mars/Olympus"}, "MEMSUM_TIMEZONE", "IANA name"),
+        ({"memsum_models": [{**MODEL, "price_in": -1}]}, "MEMSUM_MODELS[0][price_in]", "0"),
+        ({"memsum_models": [{**MODEL, "currency": "x" * 9}]}, "MEMSUM_MODELS[0][currency]", "8"),
     ],
 )
 def test_r_cfg_1_bad_value_names_key_and_allowed(raw: dict, key: str, allowed: str) -> None:
@@ -95,3 +112,17 @@ def test_r_cfg_1_a_json_typo_is_named_as_such_without_the_value() -> None:
     assert "line 1 column 3" in message
     assert "sk-SECRET" not in message
     assert "\n" not in message
+
+
+def test_prices_and_zone_are_read() -> None:
+    config = parse_config(
+        {
+            "memsum_timezone": "Asia/Shanghai",
+            "memsum_models": [
+                {**MODEL, "price_in": 2, "price_out": 8, "price_cached": 0.5, "currency": "元"}
+            ],
+        }
+    )
+    model = config.memsum_models[0]
+    assert (model.price_in, model.price_out, model.price_cached, model.currency) == (2, 8, 0.5, "元")
+    assert config.memsum_timezone == "Asia/Shanghai"

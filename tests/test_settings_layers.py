@@ -3,7 +3,7 @@ restart of bot.py."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -13,9 +13,9 @@ from nonebot_plugin_memsum.agent.tools import ToolRegistry
 from nonebot_plugin_memsum.agent.turn import Agent, Entry
 from nonebot_plugin_memsum.compression.service import CompressionService
 from nonebot_plugin_memsum.compression.trigger import count_due
-from nonebot_plugin_memsum.config import Config, Tier
+from nonebot_plugin_memsum.config import PERSONA_MAX, Config, Tier
 from nonebot_plugin_memsum.llm import LLMClient, Registry
-from nonebot_plugin_memsum.settings import SettingName, Settings, place_key
+from nonebot_plugin_memsum.settings import SettingName, Settings, Value, place_key, place_scope
 from nonebot_plugin_memsum.store import Store
 from nonebot_plugin_memsum.types import SessionRecord
 from tests.fakes.e2e import restart, running_bot
@@ -33,16 +33,41 @@ LAYERED: dict[SettingName, dict[str, float | int]] = {
     "compress_at": {"global": 0.8, "platform": 0.7, "platform_type": 0.6, "place": 0.5, "session": 0.4},
     "history_limit": {"global": 80, "platform": 70, "platform_type": 60, "place": 50, "session": 40},
 }
+# The owner's controls are layered settings too: same layers, same resolution.
+OWNER_LAYERED: dict[SettingName, dict[str, Value]] = {
+    "persona": {
+        "global": "全局",
+        "platform": "平台",
+        "platform_type": "群聊",
+        "place": "本群",
+        "session": "会话",
+    },
+    "daily_token_cap": {"global": 0, "platform": 7000, "platform_type": 6000, "place": 5000, "session": 4000},
+}
+ALL_LAYERED: dict[SettingName, Mapping[str, Value]] = {**LAYERED, **OWNER_LAYERED}
 
 
 def layered_config() -> Config:
     ca, hl = LAYERED["compress_at"], LAYERED["history_limit"]
+    pe, cap = OWNER_LAYERED["persona"], OWNER_LAYERED["daily_token_cap"]
     return Config(
         memsum_compress_at=ca["global"],
         memsum_history_limit=int(hl["global"]),
+        memsum_persona=str(pe["global"]),
+        memsum_daily_token_cap=int(cap["global"]),
         memsum_tiers={
-            "onebot": Tier(compress_at=ca["platform"], history_limit=int(hl["platform"])),
-            "onebot.group": Tier(compress_at=ca["platform_type"], history_limit=int(hl["platform_type"])),
+            "onebot": Tier(
+                compress_at=ca["platform"],
+                history_limit=int(hl["platform"]),
+                persona=str(pe["platform"]),
+                daily_token_cap=int(cap["platform"]),
+            ),
+            "onebot.group": Tier(
+                compress_at=ca["platform_type"],
+                history_limit=int(hl["platform_type"]),
+                persona=str(pe["platform_type"]),
+                daily_token_cap=int(cap["platform_type"]),
+            ),
         },
     )
 
@@ -72,11 +97,11 @@ async def values(settings: Settings, session_id: str, **entry: str | None) -> di
     return out
 
 
-@pytest.mark.parametrize("name", list(LAYERED))
+@pytest.mark.parametrize("name", list(ALL_LAYERED))
 async def test_r_cfg_2_each_layer_overrides_the_one_below(settings: Settings, name: SettingName) -> None:
     place = place_key(GROUP)
     assert place is not None
-    want = LAYERED[name]
+    want = ALL_LAYERED[name]
     r = await settings.effective(name, GROUP.id)
     assert (r.value, r.layer, r.layer_label) == (want["platform_type"], "platform_type", "平台类型档")
     await settings.set(name, "place", place, want["place"])
@@ -87,11 +112,11 @@ async def test_r_cfg_2_each_layer_overrides_the_one_below(settings: Settings, na
     assert (r.value, r.layer, r.layer_label) == (want["session"], "session", "本会话")
 
 
-@pytest.mark.parametrize("name", list(LAYERED))
+@pytest.mark.parametrize("name", list(ALL_LAYERED))
 async def test_r_cfg_2_reset_falls_back_layer_by_layer(settings: Settings, name: SettingName) -> None:
     place = place_key(GROUP)
     assert place is not None
-    want = LAYERED[name]
+    want = ALL_LAYERED[name]
     await settings.set(name, "place", place, want["place"])
     await settings.set(name, "session", GROUP.id, want["session"])
     await settings.reset(name, "session", GROUP.id)
@@ -226,6 +251,67 @@ async def test_r_cfg_3_child_is_independent_of_its_parent_afterwards(
     assert (await settings.effective("compress_at", child.id)).value == 0.45
     await settings.set("compress_at", "session", child.id, 0.9)  # the child changes
     assert (await settings.effective("compress_at", GROUP.id)).value == 0.2
+
+
+# ---- the owner's controls as layered settings -------------------------------------------
+async def test_mode_layers_default_mode_then_tier_then_type_tier_then_place(store: Store) -> None:
+    for record in (GROUP, PRIVATE):
+        await store.save_session(record)
+    settings = Settings(
+        store,
+        Config(
+            memsum_default_mode="record",
+            memsum_tiers={"onebot": Tier(mode="off"), "onebot.group": Tier(mode="on")},
+        ),
+    )
+    assert await values_of(settings, "mode", PRIVATE.id) == ("off", "platform")
+    assert await values_of(settings, "mode", GROUP.id) == ("on", "platform_type")
+    assert await values_of(settings, "mode", "internal:x") == ("record", "global")
+    scope, key = place_scope(GROUP)
+    assert (scope, key) == ("place", "onebot:group:1")
+    await settings.set("mode", scope, key, "off")
+    assert await values_of(settings, "mode", GROUP.id) == ("off", "place")
+    scope, key = place_scope(PRIVATE)  # a private chat has no place: its session is the place
+    assert (scope, key) == ("session", PRIVATE.id)
+    await settings.set("mode", scope, key, "on")
+    assert await values_of(settings, "mode", PRIVATE.id) == ("on", "session")
+
+
+async def values_of(settings: Settings, name: SettingName, session_id: str) -> tuple[Value, str]:
+    r = await settings.effective(name, session_id)
+    return r.value, r.layer
+
+
+@pytest.mark.parametrize(
+    ("name", "bad", "message"),
+    [
+        ("mode", "maybe", "模式须是 开、仅记录 或 关"),
+        ("mode", "开", "模式须是 开、仅记录 或 关"),  # the words are the commands'; stored is on/record/off
+        ("persona", "   ", "人设不能为空"),
+        ("persona", "猫" * (PERSONA_MAX + 1), f"人设最长 {PERSONA_MAX} 字，这段有 {PERSONA_MAX + 1} 字"),
+        ("daily_token_cap", -1, "限额须是 0 到"),
+        ("daily_token_cap", 2.5, "限额须是 0 到"),
+    ],
+)
+async def test_owner_controls_refuse_bad_values_and_store_nothing(
+    store: Store, settings: Settings, name: SettingName, bad: Value, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        await settings.set(name, "session", GROUP.id, bad)
+    assert (await store.get_settings("session", GROUP.id)).get(name) is None
+
+
+async def test_a_persona_of_the_longest_length_is_kept_whole(settings: Settings) -> None:
+    persona = "猫" * PERSONA_MAX
+    await settings.set("persona", "session", GROUP.id, f"  {persona}\n")
+    assert await values_of(settings, "persona", GROUP.id) == (persona, "session")
+
+
+async def test_r_cfg_3_a_child_copies_the_compression_settings_only(store: Store, settings: Settings) -> None:
+    await settings.set("persona", "session", GROUP.id, "父会话的人设")
+    child = SessionRecord(id="child-3", platform=None, kind="internal", parent=GROUP.id)
+    await settings.create_child(child, "onebot", "group")
+    assert set(await store.get_settings("session", child.id)) == {"compress_at", "history_limit"}
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from nonebot_plugin_memsum.agent.events import (
     UsageEvent,
 )
 from nonebot_plugin_memsum.agent.tools import TodoProvider
-from nonebot_plugin_memsum.agent.turn import Agent
+from nonebot_plugin_memsum.agent.turn import Agent, Entry
 from nonebot_plugin_memsum.compression.budget import compression_line, compute_budget
 from nonebot_plugin_memsum.compression.keep import apply_count_rule
 from nonebot_plugin_memsum.compression.parse import parse_reply
@@ -38,7 +38,7 @@ from nonebot_plugin_memsum.config import Config
 from nonebot_plugin_memsum.llm import LLMClient, LLMError, LLMLengthLimit, Registry
 from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_text_tokens
 from nonebot_plugin_memsum.settings import Settings
-from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE, Store, StoreError
+from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE, Store
 from nonebot_plugin_memsum.types import Message
 
 RUNS_NAMESPACE = "compression"
@@ -47,8 +47,6 @@ BUSY = "这个会话正在压缩"
 CLEARED = "压缩期间会话被清空"
 CHANGED = "压缩期间历史被改动"
 STOPPED = "机器人正在关闭，压缩已取消"
-IN_TURN = "不能在本会话正在进行的回合里压缩它，请在回合结束后再压缩"
-STORE_FAILED = "存储出错，压缩已回滚"
 # R-INJ-2: fixed, whatever the session.
 INJECTION_HEAD = (
     "保留的原文（如果有）按原来的时间顺序排在之后的历史开头，内容已在下面的摘要里概括过，"
@@ -141,13 +139,15 @@ class CompressionService:
     _runs: dict[str, _Run] = field(default_factory=dict)
     _commit_locks: defaultdict[str, asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
+    _judging: set[str] = field(default_factory=set)
+    """仅记录 sessions whose stored history is being judged (judge_recorded)."""
 
     def attach(self) -> None:
         """Listen to the agent's events and inject the summary into its prompts."""
         self.bus.subscribe(UsageEvent, self._on_usage)
         self.bus.subscribe(TurnStarted, self._on_turn_started)
         self.bus.subscribe(TurnEnded, self._on_turn_ended)
-        self.agent.inject_summary(self.injection)
+        self.agent.contribute("context", self.injection)
 
     async def shutdown(self) -> None:
         """Abandon the runs still waiting on the model and wait for every run to end, as
@@ -168,14 +168,7 @@ class CompressionService:
         return session_id in self._runs
 
     async def compress(self, session_id: str) -> CompressionResult:
-        """Manual compression (R-PROG-3: refused while one runs).
-
-        Refused from inside this session's own turn (a tool, a prompt contribution): its
-        commit waits for the turn to end (R-TRIG-5), and the turn waits for this call.
-        A StoreError of the commit comes out as it is, after the rollback (R-RUN-11).
-        """
-        if self.agent.is_turn_task(session_id):
-            raise CompressionError(IN_TURN)
+        """Manual compression (R-PROG-3: refused while one runs)."""
         if session_id in self._runs:
             raise CompressionError(BUSY)
         return await self._run(session_id)
@@ -291,18 +284,51 @@ class CompressionService:
         compress_at = await self.compress_at(sid, usage.platform, usage.platform_type)
         if not compression_due(facts, compress_at, event.outcome) or not backoff.may_run():
             return
+        self._start_background(sid)
+
+    def _start_background(self, sid: str) -> None:
         task = asyncio.create_task(self._background_run(sid), name=f"memsum-compress-{sid}")
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def judge_recorded(self, session_id: str, entry: Entry) -> None:
+        """A 仅记录 place has no turns, so no turn end judges it: judge its stored history
+        after each recorded message as a turn would see it, the prompt's estimate standing
+        in for the usage a model would report (R-TRIG-3/4; the back-off as for a turn)."""
+        model = self.registry.resolve("chat")
+        if model is None or session_id in self._runs or session_id in self._judging:
+            return
+        self._judging.add(session_id)  # a burst needs one judgement at a time, not one each
+        try:
+            prompt = await self.agent.build_prompt(session_id, entry, with_tools=False)
+            limit = await self.agent.history_limit(session_id, entry)
+            facts = UsageFacts(
+                turn_id="recorded",
+                usage=prompt.estimate,
+                window=model.context_window,
+                trim_budget=self.agent.trim_budget_of(model),
+                trimmed=prompt.trimmed,
+                untrimmed_history=prompt.untrimmed_history,
+                history_messages=await self.store.count_active(session_id),
+                history_limit=limit,
+                platform=entry.platform,
+                platform_type=entry.platform_type,
+            )
+            compress_at = await self.compress_at(session_id, entry.platform, entry.platform_type)
+            backoff = self._backoff.get(session_id, Backoff()).on_judged_turn()
+            self._backoff[session_id] = backoff
+            if compression_due(facts, compress_at, "silent") and backoff.may_run():
+                self._start_background(session_id)
+        finally:
+            self._judging.discard(session_id)
 
     async def _background_run(self, session_id: str) -> None:
         if session_id in self._runs:  # R-PROG-3: the background skips
             return
         try:
             await self._run(session_id)
-        except (CompressionError, StoreError) as err:  # warned about in the run already
-            # R-BACK-4: a run cancelled by a clear is no failure
-            if not (isinstance(err, CompressionError) and err.reason == CLEARED):
+        except CompressionError as err:
+            if str(err) != CLEARED:  # R-BACK-4: a run cancelled by a clear is no failure
                 self._backoff[session_id] = self._backoff.get(session_id, Backoff()).on_failure()
         except Exception:
             logger.exception(f"memsum: background compression of {session_id} crashed")
@@ -337,9 +363,6 @@ class CompressionService:
         except _Cleared:
             await self._failed(session_id, run.reason)
             raise CompressionError(run.reason) from None
-        except StoreError as err:  # R-RUN-11: rolled back; the store's own error, as it is
-            await self._failed(session_id, STORE_FAILED, err)
-            raise
         except Exception as err:
             reason = f"内部错误：{type(err).__name__}"
             await self._failed(session_id, reason, err)

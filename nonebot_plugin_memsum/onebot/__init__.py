@@ -3,9 +3,7 @@
 | module | what it holds |
 |---|---|
 | `sessions` | session ids and records from groups and private peers |
-| `render` | messages as text, pure: labels, forgery neutralisation, segments, quotes |
-| `segments` | non-text segments as short placeholders, pure |
-| `notices` | notices as one line naming people, pure; which are noise |
+| `render` | events as text, pure: labels, forgery neutralisation, segments, quotes, notices |
 | `state` | what the layer remembers, owned by the runtime, bounded: names, arrival tickets, locks |
 | `names` | names as a place sees them: cache, else the implementation's API |
 | `record` | a message or a notice recorded in arrival order (also the path for fetched history) |
@@ -14,7 +12,7 @@
 """
 
 from .matchers import register_matchers, release_arrival
-from .record import record_message, record_notice
+from .record import record_message, record_notice, record_of
 from .send import send_reply
 from .sessions import PLATFORM, entry_of, group_record, group_session_id, private_record, private_session_id
 from .state import OneBotState
@@ -29,6 +27,7 @@ __all__ = [
     "private_session_id",
     "record_message",
     "record_notice",
+    "record_of",
     "register_matchers",
     "release_arrival",
     "send_reply",

@@ -3,24 +3,20 @@ messages are recorded and answered when addressed; notices are recorded."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from nonebot import on_message, on_notice
-from nonebot.adapters.onebot.v11 import (
-    Bot,
-    Event,
-    GroupMessageEvent,
-    MessageEvent,
-    NoticeEvent,
-    PrivateMessageEvent,
-)
+from nonebot.adapters.onebot.v11 import Bot, GroupMessageEvent, MessageEvent, NoticeEvent, PrivateMessageEvent
+from nonebot.log import logger
 from nonebot.message import event_preprocessor
 from nonebot.params import Depends
 from nonebot.typing import T_State
 
 from nonebot_plugin_memsum import runtime
+from nonebot_plugin_memsum.controls import CAP_NOTICE
+from nonebot_plugin_memsum.types import SessionRecord
 
-from .record import notice_record, record_message, record_notice
+from .record import record_message, record_notice, record_of
 from .render import is_empty
 from .send import replier
 from .sessions import entry_of, group_session_id, private_session_id
@@ -34,21 +30,11 @@ def release_arrival(state: T_State) -> None:
         runtime.get().onebot.arrivals.done(arrival)
 
 
-def _session_of(bot: Bot, event: Event) -> str | None:
-    """The session a message or notice belongs to (its group, else its private peer)."""
-    if isinstance(event, MessageEvent):
-        if isinstance(event, GroupMessageEvent):
-            return group_session_id(bot.self_id, event.group_id)
-        return private_session_id(bot.self_id, event.user_id)
-    if isinstance(event, NoticeEvent) and (where := notice_record(bot, event.model_dump())) is not None:
-        return where[0].id
-    return None
-
-
-async def _arrival_ticket(bot: Bot, event: Event, state: T_State) -> AsyncIterator[None]:
-    if (sid := _session_of(bot, event)) is None:
-        yield
-        return
+async def _arrival_ticket(bot: Bot, event: MessageEvent, state: T_State) -> AsyncIterator[None]:
+    if isinstance(event, GroupMessageEvent):
+        sid = group_session_id(bot.self_id, event.group_id)
+    else:
+        sid = private_session_id(bot.self_id, event.user_id)
     arrivals = runtime.get().onebot.arrivals
     state[_ARRIVAL] = arrival = arrivals.take(sid)
     try:
@@ -57,14 +43,32 @@ async def _arrival_ticket(bot: Bot, event: Event, state: T_State) -> AsyncIterat
         arrivals.done(arrival)
 
 
-def register_matchers(priority: int) -> None:
-    """Recording and chat sit below the commands, which block, so commands never get recorded."""
+async def answer_if_allowed(
+    bot: Bot, event: MessageEvent, record: SessionRecord, trigger: int | None
+) -> None:
+    """A message that asks for an answer in an `on` place: the daily cap and the cooldown decide."""
+    rt = runtime.get()
+    in_group = isinstance(event, GroupMessageEvent)
+    decision = await rt.controls.answer(record, str(event.user_id), in_group=in_group)
+    if decision == "answer":
+        rt.agent.request_turn(record.id, replier(bot, event), entry_of(record), trigger=trigger)
+        return
+    logger.debug(f"memsum: not answering message {trigger} of {record.id}: {decision}")
+    if decision == "cap_notice":
+        await replier(bot, event)(CAP_NOTICE)
+
+
+def register_matchers(priority: int, is_command: Callable[[T_State], bool]) -> None:
+    """Recording and chat sit below the commands, which block, so commands never get recorded.
+
+    `is_command`: whether a message is one of our commands that its sender may not use:
+    it is not ours to handle at all, so not recorded either (another plugin may own it)."""
     chat = on_message(priority=priority, block=False)
     notices = on_notice(priority=priority, block=False)
 
     @event_preprocessor
     async def _(_: None = Depends(_arrival_ticket)) -> None:
-        """Takes the arrival ticket of every message and notice of a session."""
+        """Takes the arrival ticket of every message event."""
 
     @chat.handle()
     async def _(bot: Bot, event: MessageEvent, state: T_State) -> None:
@@ -74,10 +78,22 @@ def register_matchers(priority: int) -> None:
             return  # the bot's own message echoed back: already stored as an assistant message
         if is_empty(event.original_message) and event.reply is None:
             return  # a malformed event with nothing in it: nothing said, nothing to answer
+        if is_command(state):
+            release_arrival(state)
+            return  # one of our commands its sender may not use: not ours to handle
+        place, _ = record_of(bot, event)
+        mode = await runtime.get().controls.mode(place)
+        if mode == "off":
+            release_arrival(state)
+            logger.debug(f"memsum: not recording a message of {place.id}: mode off")
+            return
         record, msg = await record_message(bot, event, state.get(_ARRIVAL))
-        if isinstance(event, PrivateMessageEvent) or event.is_tome():
-            runtime.get().agent.request_turn(record.id, replier(bot, event), entry_of(record), trigger=msg.id)
+        if mode == "record":
+            logger.debug(f"memsum: not answering message {msg.id} of {record.id}: record-only")
+            await runtime.get().compression.judge_recorded(record.id, entry_of(record))
+        elif isinstance(event, PrivateMessageEvent) or event.is_tome():
+            await answer_if_allowed(bot, event, record, msg.id)
 
     @notices.handle()
-    async def _(bot: Bot, event: NoticeEvent, state: T_State) -> None:
-        await record_notice(bot, event, state.get(_ARRIVAL))
+    async def _(bot: Bot, event: NoticeEvent) -> None:
+        await record_notice(bot, event)

@@ -16,7 +16,7 @@ import json
 import math
 import sqlite3
 from collections.abc import AsyncIterator, Collection
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -324,6 +324,69 @@ class Tx:
         )
         return {r[0]: (int(r[1]), int(r[2])) for r in rows}
 
+    async def usage_rows(self, place: str | None, since: float | None) -> list[UsageRow]:
+        """The ledger since `since` (None: ever), summed per usage place, purpose and model;
+        one place's rows, or every place's when `place` is None."""
+        where, params = _usage_filter(place, since, "l.")
+        rows = await self._fetch(
+            "SELECT COALESCE(s.platform || ':' || s.place, l.session_id, ''), l.purpose, l.model,"
+            " COUNT(*), SUM(l.tokens_in), SUM(l.tokens_out), SUM(l.tokens_cached)"
+            f" FROM ledger l LEFT JOIN sessions s ON s.id = l.session_id{where}"
+            " GROUP BY 1, 2, 3 ORDER BY 1, 2, 3",
+            params,
+        )
+        return [UsageRow(*r[:3], *(int(n) for n in r[3:])) for r in rows]
+
+    async def activity(self, place: str, since: float | None, divider: str) -> Activity:
+        """Answers stored (assistant messages that are not tool calls) and compressions
+        (their `divider` markers) of a usage place since `since`, archive included."""
+        where, params = _usage_filter(place, since, "")
+        rows = await self._fetch(
+            "SELECT COALESCE(SUM(role = 'assistant' AND tool_calls IS NULL), 0),"
+            " COALESCE(SUM(role = 'system' AND event_marker = 1 AND content = ?), 0)"
+            f" FROM messages{where}",
+            (divider, *params),
+        )
+        return Activity(answers=int(rows[0][0]), compressions=int(rows[0][1]))
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRow:
+    """Ledger sums of one usage place, purpose and model."""
+
+    place: str
+    """A group's `platform:place` (all its sessions, one per bot account), else the
+    session id; empty for calls made for no session."""
+    purpose: str
+    model: str
+    calls: int
+    tokens_in: int
+    tokens_out: int
+    tokens_cached: int
+    """The part of tokens_in the provider's cache served."""
+
+
+@dataclass(frozen=True, slots=True)
+class Activity:
+    answers: int
+    compressions: int
+
+
+def _usage_filter(place: str | None, since: float | None, alias: str) -> tuple[str, tuple[Any, ...]]:
+    """WHERE clause selecting a usage place's rows (through the session index) and a period."""
+    clauses: list[str] = []
+    params: list[Any] = []
+    if place is not None:
+        clauses.append(
+            f"{alias}session_id IN (SELECT id FROM sessions WHERE place IS NOT NULL"
+            " AND platform || ':' || place = ? UNION SELECT ?)"
+        )
+        params += [place, place]
+    if since is not None:
+        clauses.append(f"{alias}ts >= ?")
+        params.append(since)
+    return (" WHERE " + " AND ".join(clauses) if clauses else ""), tuple(params)
+
 
 class Store:
     """One SQLite file; `open()` at start-up, `close()` at shutdown (both idempotent)."""
@@ -532,5 +595,13 @@ class Store:
         async with self._statement() as tx:
             return await tx.usage_totals(session_id)
 
+    async def usage_rows(self, place: str | None, since: float | None) -> list[UsageRow]:
+        async with self._statement() as tx:
+            return await tx.usage_rows(place, since)
 
-__all__ = ["SUMMARY_NAMESPACE", "ClearKind", "Store", "StoreError", "Tx"]
+    async def activity(self, place: str, since: float | None, divider: str) -> Activity:
+        async with self._statement() as tx:
+            return await tx.activity(place, since, divider)
+
+
+__all__ = ["SUMMARY_NAMESPACE", "Activity", "ClearKind", "Store", "StoreError", "Tx", "UsageRow"]
