@@ -28,10 +28,11 @@ from nonebot.rule import Rule
 from nonebot.typing import T_State
 
 from . import clock, onebot, runtime, usage
-from .compression.service import CompressionError, CompressionResult, SessionStatus
+from .compression.service import STORE_FAILED, CompressionError, CompressionResult, SessionStatus
 from .config import PERSONA_MAX, Config, Mode
 from .permission import SUPERUSER, SUPERUSER_OR_GROUP_ADMIN
 from .settings import MODE_WORDS, Resolved, SettingName, place_key, place_scope, validate
+from .store import StoreError
 from .types import SessionRecord
 
 CONFIRM_WORD = "确认"
@@ -164,6 +165,8 @@ async def _compress(call: _Call) -> str:
         result = await runtime.get().compression.compress(call.record.id)
     except CompressionError as err:
         return f"压缩失败：{err.reason}"
+    except StoreError:  # R-RUN-11: rolled back, and the run has logged it
+        return f"压缩失败：{STORE_FAILED}"
     logger.info(f"memsum: {call.event.user_id} compressed {call.record.id} ({result.outcome})")
     return receipt(result)
 

@@ -332,6 +332,7 @@ async def test_notices_become_notice_lines_in_the_next_request(
     group, sid = 50006, group_sid(50006)
     said_wrong = await sim.group_message(group, 20001, "发错了", nickname="张三")
     await wait_stored(bot, sid, 1)
+    sim.add_member(group, 20004, "新人")
     await sim.notice("group_increase", group_id=group, user_id=20004)
     await sim.notice("notify", sub_type="poke", group_id=group, user_id=20001, target_id=BOT)
     await sim.notice("group_recall", group_id=group, user_id=20001, message_id=said_wrong)
@@ -345,7 +346,7 @@ async def test_notices_become_notice_lines_in_the_next_request(
     assert len(notices) == 3
     assert [m["role"] for m in request["messages"] if str(m["content"]).startswith("[通知] ")] == ["user"] * 3
     joined = "\n".join(notices)
-    assert "20004(20004) 加入了本群" in joined
+    assert "新人(20004) 加入了本群" in joined  # looked up with get_group_member_info
     assert "张三(20001) 戳了戳" in joined
     assert "张三(20001) 撤回了一条消息" in joined
 

@@ -3,6 +3,7 @@
 from nonebot_plugin_memsum.agent.prompt import (
     ANSWERED_LAST,
     assemble,
+    contribution_order,
     count_trim,
     hard_trim,
     safe_start,
@@ -142,3 +143,15 @@ def test_a_prompt_never_ends_with_the_assistants_own_answer() -> None:
     )
     assert ends_with_user.messages[-1]["role"] == "user"
     assert ANSWERED_LAST not in [m["content"] for m in ends_with_user.messages]
+
+
+def test_r_inj_1_summary_last_after_every_context_contribution() -> None:
+    contributions = {"context": ["weather", "news"], "rules": ["rules"]}
+    assert contribution_order(contributions, "summary") == [
+        ("rules", "rules"),
+        ("context", "weather"),
+        ("context", "news"),
+        ("context", "summary"),
+    ]
+    assert contribution_order(contributions, None)[-1] == ("context", "news")
+    assert contribution_order({}, "summary") == [("context", "summary")]

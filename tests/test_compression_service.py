@@ -39,8 +39,10 @@ from nonebot_plugin_memsum.compression.service import (
     CHANGED,
     CLEARED,
     DIVIDER,
+    IN_TURN,
     INJECTION_HEAD,
     STOPPED,
+    STORE_FAILED,
     CompressionResult,
 )
 from nonebot_plugin_memsum.compression.units import build_units
@@ -448,13 +450,13 @@ async def test_r_run_11_archive_error_restores_the_summary_and_raises(env: Env) 
         "CREATE TRIGGER refuse_archive BEFORE UPDATE OF archived ON messages WHEN NEW.archived = 1"
         " BEGIN SELECT RAISE(ABORT, 'archive refused by the test'); END",
     )
-    with pytest.raises(CompressionError) as failed:
+    # R-RUN-11: 「归档抛错时同样把摘要回滚到写入前，原样抛出」: the store's own error.
+    with pytest.raises(StoreError, match="archive refused by the test"):
         await rt.compression.compress(GROUP.id)
-    assert isinstance(failed.value.__cause__, StoreError)
-    assert "archive refused by the test" in str(failed.value.__cause__)
     assert await summary_of(rt) == OLD_SUMMARY
     assert await rt.store.get_history(GROUP.id) == history
-    assert [p for p, _ in env.phases()] == ["start", "error"]
+    assert env.phases() == [("start", None), ("error", STORE_FAILED)]
+    assert len(env.failure_warnings()) == 1
 
 
 async def test_r_run_12_kept_originals_untouched_and_first_after_the_summary(make: Make) -> None:
@@ -521,6 +523,31 @@ async def test_r_inj_1_2_summary_is_one_system_message_right_before_the_history(
     sent = "\n".join(str(m.get("content")) for m in messages)
     assert not any(m.content in sent for m in archived)
     assert sent.count(CHAT_SUMMARY) == 1
+
+
+async def test_r_inj_1_summary_is_last_though_another_plugin_contributes_to_context(env: Env) -> None:
+    rt, model = env.rt, env.model
+    await seed(rt, 5)
+    await rt.compression.compress(GROUP.id)
+
+    async def weather(session_id: str) -> str:
+        return "天气：晴"
+
+    async def rules(session_id: str) -> str:
+        return "群规：不许刷屏"
+
+    # Registered after the compression's injection, under the same anchor and another one.
+    rt.agent.contribute("context", weather)
+    rt.agent.contribute("rules", rules)
+    newer = await seed(rt, 2, start=5)
+    await rt.agent.run_turn(GROUP.id, entry=IN_GROUP)
+    messages = model.chat_requests()[-1]["messages"]
+    systems = [m["content"] for m in messages if m["role"] == "system"]
+    assert systems[1:] == ["群规：不许刷屏", "天气：晴", f"{INJECTION_HEAD}\n\n{CHAT_SUMMARY}"]
+    # the summary is the system message right before the history
+    assert [m["content"] for m in messages[len(systems) :]] == [m.content for m in newer]
+    prompt = await rt.agent.build_prompt(GROUP.id, IN_GROUP)
+    assert prompt.messages[len(systems) - 1]["content"].startswith(INJECTION_HEAD)
 
 
 async def test_r_inj_2_no_truncation_of_a_long_summary(env: Env) -> None:
@@ -1132,6 +1159,68 @@ async def test_r_mem_3_clear_from_inside_the_awaited_turn_cancels_instead_of_dea
     assert DIVIDER not in [m.content for m in await rt.store.get_archived(GROUP.id)]
 
 
+async def test_r_run_11_archive_error_in_the_background_counts_as_a_failure(make: Make) -> None:
+    env = await make(memsum_history_limit=2)
+    rt = env.rt
+    await seed(rt, 4)
+    await raw_sql(
+        rt.store.path,
+        "CREATE TRIGGER refuse_archive BEFORE UPDATE OF archived ON messages WHEN NEW.archived = 1"
+        " BEGIN SELECT RAISE(ABORT, 'archive refused by the test'); END",
+    )
+    assert await rt.agent.run_turn(GROUP.id, entry=IN_GROUP) == "replied"
+    await settle(rt)
+    assert env.phases() == [("start", None), ("error", STORE_FAILED)]
+    assert len(env.failure_warnings()) == 1  # no second "crashed" report
+    assert (await rt.compression.status(GROUP.id)).backoff_failures == 1
+
+
+async def test_compress_from_inside_the_sessions_own_turn_refuses_and_clear_still_works(env: Env) -> None:
+    """A tool or a prompt contribution of the turn compresses its own session: the commit
+    would wait for the turn that waits for it. It is refused at once; nothing is held."""
+    rt, model = env.rt, env.model
+    await seed(rt, 4)
+    refusals: list[str] = []
+
+    @rt.tools.tool("compress_me", "压缩本会话", {"type": "object", "properties": {}})
+    async def compress_me(ctx: ToolContext, args: dict[str, Any]) -> str:
+        try:
+            await rt.compression.compress(ctx.session_id)
+        except CompressionError as err:
+            refusals.append(err.reason)
+            return err.reason
+        return "压缩好了"
+
+    async def contribution(session_id: str) -> str | None:
+        if session_id == GROUP.id and not refusals:
+            try:
+                await rt.compression.compress(session_id)
+            except CompressionError as err:
+                refusals.append(err.reason)
+        return None
+
+    rt.agent.contribute("plugin-x", contribution)
+    call = [{"id": "c1", "name": "compress_me", "arguments": "{}"}]
+    model.chat.extend(
+        [
+            Reply("", tool_calls=call, finish_reason="tool_calls", usage=usage(100)),
+            Reply("好了", usage=usage(100)),
+        ]
+    )
+    assert await asyncio.wait_for(rt.agent.run_turn(GROUP.id, entry=IN_GROUP), 20) == "replied"
+    assert refusals == [IN_TURN, IN_TURN]
+    assert model.summary_requests() == []
+    assert not rt.compression.is_running(GROUP.id)
+    # the tool's answer reached the model as its result
+    tool_results = [m for m in model.chat_requests()[-1]["messages"] if m["role"] == "tool"]
+    assert tool_results[-1]["content"] == IN_TURN
+    # nothing is left holding the session: a clear and a compression afterwards work
+    await asyncio.wait_for(rt.compression.clear(GROUP.id, "context"), 10)
+    assert await rt.store.get_history(GROUP.id) == []
+    await seed(rt, 3, start=10)
+    assert (await asyncio.wait_for(rt.compression.compress(GROUP.id), 20)).outcome == "done"
+
+
 # ---- R-TRIG: background compression at turn end ---------------------------------------------------------
 # The chat model of these: window 10000 at compress_at 0.5 → E = min(5000, 10000 − 1024) = 5000.
 TRIG: dict[str, Any] = {"chat": {"context_window": 10000}, "memsum_compress_at": 0.5}
@@ -1435,23 +1524,30 @@ async def test_r_cfg_4_compress_at_is_none_for_0(make: Make) -> None:
 # ---- review additions --------------------------------------------------------------------------
 async def test_r_fail_1_an_unexpected_error_gives_one_warning_with_its_traceback(env: Env) -> None:
     rt = env.rt
-    await seed(rt, 3)
-    await raw_sql(
-        rt.store.path,
-        "CREATE TRIGGER refuse_archive BEFORE UPDATE OF archived ON messages WHEN NEW.archived = 1"
-        " BEGIN SELECT RAISE(ABORT, 'archive refused by the test'); END",
-    )
+
+    class BrokenTodos:
+        """Another plugin's todo provider that fails (the work template reads it, R-RUN-4)."""
+
+        async def items(self, session_id: str) -> list[TodoItem]:
+            raise RuntimeError("todo backend down")
+
+        async def replace(self, session_id: str, items: list[TodoItem]) -> None:
+            raise RuntimeError("todo backend down")
+
+    rt.compression.todos = BrokenTodos()
+    await seed(rt, 3, record=PRIVATE_OWNER)
     errors: list[str] = []
     sink = logger.add(lambda m: errors.append(m.record["message"]), level="ERROR")
     try:
-        with pytest.raises(CompressionError):
-            await rt.compression.compress(GROUP.id)
+        with pytest.raises(CompressionError) as failed:
+            await rt.compression.compress(PRIVATE_OWNER.id)
     finally:
         logger.remove(sink)
+    assert failed.value.reason == "内部错误：RuntimeError"
     assert errors == []
-    (warning,) = env.failure_warnings()
-    assert "内部错误：StoreError" in warning
-    assert [p for p, _ in env.phases()] == ["start", "error"]
+    (warning,) = env.failure_warnings(PRIVATE_OWNER.id)
+    assert "内部错误：RuntimeError" in warning
+    assert [p for p, _ in env.phases(PRIVATE_OWNER.id)] == ["start", "error"]
 
 
 async def test_r_mem_2_an_unknown_clear_kind_is_refused_and_cancels_nothing(env: Env) -> None:

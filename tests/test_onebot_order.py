@@ -85,10 +85,12 @@ async def test_a_poke_at_the_bot_names_the_bot_and_is_recorded_not_answered() ->
             "target_id": 10000,
         }
     )
-    msg = await record_notice(SlowBot(), poke)  # type: ignore[arg-type]
+    bot = SlowBot()
+    bot.release.set()
+    msg = await record_notice(bot, poke)  # type: ignore[arg-type]
     assert msg is not None
     assert msg.role == "notice"
-    assert msg.content == "4(4) 戳了戳 小记(10000)"
+    assert msg.content == "远方(4) 戳了戳 小记(10000)"  # the poker's name looked up (R-TPL-4 labels)
 
 
 async def test_a_burst_is_stored_in_arrival_order_whatever_order_its_handlers_run() -> None:

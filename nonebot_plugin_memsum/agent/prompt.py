@@ -11,16 +11,27 @@ a tool result without its call.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from nonebot_plugin_memsum.types import Message
 
 CONTEXT_ANCHOR = "context"
+C = TypeVar("C")
 ANSWERED_LAST = (
     "[通知] 最后一条是你已经发出的回复；它之前到达、你还没有回应的消息请接着回应，没有就只回复 [不回复]。"
 )
+
+
+def contribution_order(contributions: Mapping[str, Sequence[C]], summary: C | None) -> list[tuple[str, C]]:
+    """The system parts' sources in prompt order, with their anchors: anchors in registration
+    order, `context` last, and the summary last of all, after what other plugins put under
+    `context`, so it sits right before the history (R-INJ-1)."""
+    anchors = [a for a in contributions if a != CONTEXT_ANCHOR]
+    anchors += [CONTEXT_ANCHOR] if CONTEXT_ANCHOR in contributions else []
+    ordered = [(anchor, fn) for anchor in anchors for fn in contributions[anchor]]
+    return [*ordered, (CONTEXT_ANCHOR, summary)] if summary is not None else ordered
 
 
 def conversation(history: Sequence[Message]) -> list[Message]:

@@ -28,7 +28,7 @@ from nonebot_plugin_memsum.store import Store
 from nonebot_plugin_memsum.types import Message, SessionRecord, ToolCall
 
 from .events import EventBus, Outcome, TurnEnded, TurnStarted, UsageEvent
-from .prompt import CONTEXT_ANCHOR, Prompt, assemble, trim_budget
+from .prompt import Prompt, assemble, contribution_order, trim_budget
 from .tools import ToolContext, ToolRegistry
 
 ReplyFn = Callable[[str], Awaitable[None]]
@@ -74,6 +74,8 @@ class Agent:
     _locks: defaultdict[str, asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
     _workers: dict[str, _Worker] = field(default_factory=dict)
     _contributions: dict[str, list[Contribution]] = field(default_factory=dict)
+    _summary: Contribution | None = None
+    """The summary's injection: the last system part, whoever else contributes (R-INJ-1)."""
     _turn_tasks: dict[str, asyncio.Task[Any] | None] = field(default_factory=dict)
     _read: dict[str, int] = field(default_factory=dict)
     """The newest message id the session's latest turn put into a prompt."""
@@ -82,6 +84,10 @@ class Agent:
     def contribute(self, anchor: str, fn: Contribution) -> None:
         """Add a system part under `anchor`; `context` is always the last one (R-INJ-1)."""
         self._contributions.setdefault(anchor, []).append(fn)
+
+    def inject_summary(self, fn: Contribution) -> None:
+        """The summary's source, always the last system part, right before the history (R-INJ-1)."""
+        self._summary = fn
 
     def turn_lock(self, session_id: str) -> asyncio.Lock:
         """Held for the whole of a turn; the compression commit waits on it."""
@@ -131,22 +137,20 @@ class Agent:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def system_parts(self, session_id: str, entry: Entry = Entry()) -> list[str]:
-        """Persona (a layered setting), contributions by anchor in registration order, `context` last."""
+        """Persona (a layered setting), contributions by anchor in registration order,
+        `context` last, the summary last of all (R-INJ-1)."""
         persona = await self.settings.effective(
             "persona", session_id, entry_platform=entry.platform, entry_type=entry.platform_type
         )
         parts = [str(persona.value)]
-        anchors = [a for a in self._contributions if a != CONTEXT_ANCHOR]
-        anchors += [CONTEXT_ANCHOR] if CONTEXT_ANCHOR in self._contributions else []
-        for anchor in anchors:
-            for fn in self._contributions[anchor]:
-                try:
-                    text = await fn(session_id)
-                except Exception:
-                    logger.exception(f"memsum: contribution to {anchor!r} failed")
-                    continue
-                if text:
-                    parts.append(text)
+        for anchor, fn in contribution_order(self._contributions, self._summary):
+            try:
+                text = await fn(session_id)
+            except Exception:
+                logger.exception(f"memsum: contribution to {anchor!r} failed")
+                continue
+            if text:
+                parts.append(text)
         return parts
 
     async def build_prompt(

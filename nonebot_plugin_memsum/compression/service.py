@@ -38,7 +38,7 @@ from nonebot_plugin_memsum.config import Config
 from nonebot_plugin_memsum.llm import LLMClient, LLMError, LLMLengthLimit, Registry
 from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_text_tokens
 from nonebot_plugin_memsum.settings import Settings
-from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE, Store
+from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE, Store, StoreError
 from nonebot_plugin_memsum.types import Message
 
 RUNS_NAMESPACE = "compression"
@@ -47,6 +47,8 @@ BUSY = "这个会话正在压缩"
 CLEARED = "压缩期间会话被清空"
 CHANGED = "压缩期间历史被改动"
 STOPPED = "机器人正在关闭，压缩已取消"
+IN_TURN = "不能在本会话正在进行的回合里压缩它，请在回合结束后再压缩"
+STORE_FAILED = "存储出错，压缩已回滚"
 # R-INJ-2: fixed, whatever the session.
 INJECTION_HEAD = (
     "保留的原文（如果有）按原来的时间顺序排在之后的历史开头，内容已在下面的摘要里概括过，"
@@ -147,7 +149,7 @@ class CompressionService:
         self.bus.subscribe(UsageEvent, self._on_usage)
         self.bus.subscribe(TurnStarted, self._on_turn_started)
         self.bus.subscribe(TurnEnded, self._on_turn_ended)
-        self.agent.contribute("context", self.injection)
+        self.agent.inject_summary(self.injection)
 
     async def shutdown(self) -> None:
         """Abandon the runs still waiting on the model and wait for every run to end, as
@@ -168,7 +170,14 @@ class CompressionService:
         return session_id in self._runs
 
     async def compress(self, session_id: str) -> CompressionResult:
-        """Manual compression (R-PROG-3: refused while one runs)."""
+        """Manual compression (R-PROG-3: refused while one runs).
+
+        Refused from inside this session's own turn (a tool, a prompt contribution): its
+        commit waits for the turn to end (R-TRIG-5), and the turn waits for this call.
+        A StoreError of the commit comes out as it is, after the rollback (R-RUN-11).
+        """
+        if self.agent.is_turn_task(session_id):
+            raise CompressionError(IN_TURN)
         if session_id in self._runs:
             raise CompressionError(BUSY)
         return await self._run(session_id)
@@ -327,8 +336,9 @@ class CompressionService:
             return
         try:
             await self._run(session_id)
-        except CompressionError as err:
-            if str(err) != CLEARED:  # R-BACK-4: a run cancelled by a clear is no failure
+        except (CompressionError, StoreError) as err:  # warned about in the run already
+            # R-BACK-4: a run cancelled by a clear is no failure
+            if not (isinstance(err, CompressionError) and err.reason == CLEARED):
                 self._backoff[session_id] = self._backoff.get(session_id, Backoff()).on_failure()
         except Exception:
             logger.exception(f"memsum: background compression of {session_id} crashed")
@@ -363,6 +373,9 @@ class CompressionService:
         except _Cleared:
             await self._failed(session_id, run.reason)
             raise CompressionError(run.reason) from None
+        except StoreError as err:  # R-RUN-11: rolled back; the store's own error, as it is
+            await self._failed(session_id, STORE_FAILED, err)
+            raise
         except Exception as err:
             reason = f"内部错误：{type(err).__name__}"
             await self._failed(session_id, reason, err)

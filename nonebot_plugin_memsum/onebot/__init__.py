@@ -3,7 +3,9 @@
 | module | what it holds |
 |---|---|
 | `sessions` | session ids and records from groups and private peers |
-| `render` | events as text, pure: labels, forgery neutralisation, segments, quotes, notices |
+| `render` | messages as text, pure: labels, forgery neutralisation, segments, quotes |
+| `segments` | non-text segments as short placeholders, pure |
+| `notices` | notices as one line naming people, pure; which are noise |
 | `state` | what the layer remembers, owned by the runtime, bounded: names, arrival tickets, locks |
 | `names` | names as a place sees them: cache, else the implementation's API |
 | `record` | a message or a notice recorded in arrival order (also the path for fetched history) |

@@ -6,7 +6,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 
 from nonebot import on_message, on_notice
-from nonebot.adapters.onebot.v11 import Bot, GroupMessageEvent, MessageEvent, NoticeEvent, PrivateMessageEvent
+from nonebot.adapters.onebot.v11 import (
+    Bot,
+    Event,
+    GroupMessageEvent,
+    MessageEvent,
+    NoticeEvent,
+    PrivateMessageEvent,
+)
 from nonebot.log import logger
 from nonebot.message import event_preprocessor
 from nonebot.params import Depends
@@ -16,7 +23,7 @@ from nonebot_plugin_memsum import runtime
 from nonebot_plugin_memsum.controls import CAP_NOTICE
 from nonebot_plugin_memsum.types import SessionRecord
 
-from .record import record_message, record_notice, record_of
+from .record import notice_record, record_message, record_notice, record_of
 from .render import is_empty
 from .send import replier
 from .sessions import entry_of, group_session_id, private_session_id
@@ -30,11 +37,21 @@ def release_arrival(state: T_State) -> None:
         runtime.get().onebot.arrivals.done(arrival)
 
 
-async def _arrival_ticket(bot: Bot, event: MessageEvent, state: T_State) -> AsyncIterator[None]:
-    if isinstance(event, GroupMessageEvent):
-        sid = group_session_id(bot.self_id, event.group_id)
-    else:
-        sid = private_session_id(bot.self_id, event.user_id)
+def _session_of(bot: Bot, event: Event) -> str | None:
+    """The session a message or notice belongs to (its group, else its private peer)."""
+    if isinstance(event, MessageEvent):
+        if isinstance(event, GroupMessageEvent):
+            return group_session_id(bot.self_id, event.group_id)
+        return private_session_id(bot.self_id, event.user_id)
+    if isinstance(event, NoticeEvent) and (where := notice_record(bot, event.model_dump())) is not None:
+        return where[0].id
+    return None
+
+
+async def _arrival_ticket(bot: Bot, event: Event, state: T_State) -> AsyncIterator[None]:
+    if (sid := _session_of(bot, event)) is None:
+        yield
+        return
     arrivals = runtime.get().onebot.arrivals
     state[_ARRIVAL] = arrival = arrivals.take(sid)
     try:
@@ -68,7 +85,7 @@ def register_matchers(priority: int, is_command: Callable[[T_State], bool]) -> N
 
     @event_preprocessor
     async def _(_: None = Depends(_arrival_ticket)) -> None:
-        """Takes the arrival ticket of every message event."""
+        """Takes the arrival ticket of every message and notice of a session."""
 
     @chat.handle()
     async def _(bot: Bot, event: MessageEvent, state: T_State) -> None:
@@ -95,5 +112,5 @@ def register_matchers(priority: int, is_command: Callable[[T_State], bool]) -> N
             await answer_if_allowed(bot, event, record, msg.id)
 
     @notices.handle()
-    async def _(bot: Bot, event: NoticeEvent) -> None:
-        await record_notice(bot, event)
+    async def _(bot: Bot, event: NoticeEvent, state: T_State) -> None:
+        await record_notice(bot, event, state.get(_ARRIVAL))

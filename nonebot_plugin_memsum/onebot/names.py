@@ -43,7 +43,7 @@ async def look_up(bot: Bot, scope: str, group_id: int | None, user_ids: Iterable
     cache = runtime.get().onebot.names
     out: dict[str, str] = {}
     for qq in user_ids:
-        if qq in out:
+        if qq in out or not qq.isdigit():
             continue
         if qq == bot.self_id:
             out[qq] = bot_name()
@@ -51,19 +51,28 @@ async def look_up(bot: Bot, scope: str, group_id: int | None, user_ids: Iterable
         if (name := cache.get(scope, qq)) is not None:
             out[qq] = name
             continue
-        try:
-            if group_id is not None:
-                info = await bot.get_group_member_info(group_id=group_id, user_id=int(qq))
-                name = info.get("card") or info.get("nickname")
-            else:
-                info = await bot.get_stranger_info(user_id=int(qq))
-                name = info.get("nickname")
-        except Exception as err:
-            logger.debug(f"memsum: no name for {qq}: {err}")
-            name = None
+        name = await _ask(bot, group_id, int(qq))
         if name:
             out[qq] = remember(scope, qq, name)
         else:
             out[qq] = qq
             cache.put(scope, qq, qq, UNKNOWN_NAME_TTL)
     return out
+
+
+async def _ask(bot: Bot, group_id: int | None, user_id: int) -> str | None:
+    """The implementation's answer: in a group the member's card, else nickname; someone
+    who already left (or a private peer) by their account's nickname."""
+    if group_id is not None:
+        try:
+            info = await bot.get_group_member_info(group_id=group_id, user_id=user_id)
+            if name := info.get("card") or info.get("nickname"):
+                return str(name)
+        except Exception as err:
+            logger.debug(f"memsum: no member info for {user_id} in {group_id}: {err}")
+    try:
+        info = await bot.get_stranger_info(user_id=user_id)
+        return str(info.get("nickname") or "") or None
+    except Exception as err:
+        logger.debug(f"memsum: no name for {user_id}: {err}")
+        return None

@@ -8,16 +8,18 @@ from the implementation's payload and passes it here).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from nonebot.adapters.onebot.v11 import Bot, GroupMessageEvent, MessageEvent, NoticeEvent
+from nonebot.log import logger
 
 from nonebot_plugin_memsum import clock, runtime
 from nonebot_plugin_memsum.types import Message, SessionRecord
 
 from . import names
-from .render import labelled, notice_text, quote_marker, render_segments, segments_of
+from .notices import card_change, notice_text, people
+from .render import excerpt, labelled, neutralise_labels, quote_marker, render_segments, segments_of
 from .sessions import group_record, private_record
 from .state import Arrival
 
@@ -73,7 +75,7 @@ async def message_of(bot: Bot, event: MessageEvent, scope: str, group_id: int | 
     )
 
 
-def _mentioned(segments: list[tuple[str, Mapping[str, Any]]]) -> list[str]:
+def _mentioned(segments: Iterable[tuple[str, Mapping[str, Any]]]) -> list[str]:
     """The QQ numbers @-mentioned without a name of their own."""
     return [
         qq
@@ -82,21 +84,64 @@ def _mentioned(segments: list[tuple[str, Mapping[str, Any]]]) -> list[str]:
     ]
 
 
-async def record_notice(bot: Bot, event: NoticeEvent) -> Message | None:
-    """Store a platform notice worth keeping as a notice message of its session; never answered."""
-    group_id = getattr(event, "group_id", None)
-    user_id = getattr(event, "user_id", None)
+def notice_record(bot: Bot, payload: Mapping[str, Any]) -> tuple[SessionRecord, int | None] | None:
+    """A notice's session (its group, else the private peer) and group, or None."""
+    group_id = payload.get("group_id")
+    user_id = payload.get("user_id")
     if group_id:
-        record = group_record(bot.self_id, group_id)
-    elif user_id:
-        record = private_record(bot.self_id, user_id)
-    else:
-        return None
-    if await runtime.get().controls.mode(record) == "off":
-        return None
-    ids = [getattr(event, f, None) for f in ("user_id", "operator_id", "target_id")]
-    # A poke at the bot must read as one: the model knows itself by its nickname, not its QQ number.
-    text = notice_text(event, names.known(bot, record.id, [i for i in ids if i is not None]))
-    if text is None:
-        return None
-    return await runtime.get().agent.record(record, Message(role="notice", content=text, ts=clock.now()))
+        return group_record(bot.self_id, group_id), int(group_id)
+    if user_id:
+        return private_record(bot.self_id, user_id), None
+    return None
+
+
+async def record_notice(bot: Bot, event: NoticeEvent, arrival: Arrival | None = None) -> Message | None:
+    """Store a platform notice worth keeping as a notice message of its session, in arrival
+    order, naming people as the group sees them; never answered. A card change only
+    updates the name cache."""
+    rt = runtime.get()
+    payload = event.model_dump()
+    try:
+        where = notice_record(bot, payload)
+        if where is None:
+            return None
+        record, group_id = where
+        if await rt.controls.mode(record) == "off":
+            return None
+        change = card_change(payload)
+        if change is None and notice_text(payload, {}) is None:
+            return None  # noise: no look-ups, no waiting
+        # In arrival order, a card change too: an earlier event keeps the name it was said under.
+        if arrival is not None:
+            await rt.onebot.arrivals.wait_turn(arrival)
+        async with rt.onebot.recording.hold(record.id):
+            if change is not None:
+                uid, card = change
+                if card:
+                    names.remember(record.id, uid, card)
+                else:
+                    rt.onebot.names.forget(record.id, uid)  # the nickname shows again: look it up
+                return None
+            known = await names.look_up(bot, record.id, group_id, people(payload))
+            said = await _essence_excerpt(bot, record.id, payload, known)
+            text = notice_text(payload, known, said)
+            if text is None:
+                return None
+            return await rt.agent.record(record, Message(role="notice", content=text, ts=clock.now()))
+    finally:
+        if arrival is not None:
+            rt.onebot.arrivals.done(arrival)
+
+
+async def _essence_excerpt(bot: Bot, scope: str, payload: Mapping[str, Any], known: dict[str, str]) -> str:
+    """The start of the message an essence notice is about, asked of the implementation."""
+    if payload.get("notice_type") != "essence" or not payload.get("message_id"):
+        return ""
+    try:
+        found = await bot.get_msg(message_id=int(payload["message_id"]))
+        segments = [(str(s.get("type")), s.get("data") or {}) for s in found.get("message") or []]
+    except Exception as err:
+        logger.debug(f"memsum: essence message not available: {err}")
+        return ""
+    known |= names.known(bot, scope, _mentioned(segments))
+    return neutralise_labels(excerpt(render_segments(segments, known)))

@@ -11,40 +11,11 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from nonebot.adapters.onebot.v11 import (
-    FriendRecallNoticeEvent,
-    GroupAdminNoticeEvent,
-    GroupBanNoticeEvent,
-    GroupDecreaseNoticeEvent,
-    GroupIncreaseNoticeEvent,
-    GroupRecallNoticeEvent,
-    NoticeEvent,
-    PokeNotifyEvent,
-)
 from nonebot.adapters.onebot.v11 import Message as OBMessage
 
+from .segments import placeholder
+
 MAX_NAME = 32
-_PLACEHOLDERS = {
-    "image": "[图片]",
-    "face": "[表情]",
-    "mface": "[表情]",
-    "marketface": "[表情]",
-    "record": "[语音]",
-    "video": "[视频]",
-    "file": "[文件]",
-    "forward": "[合并转发]",
-    "node": "[合并转发]",
-    "json": "[卡片]",
-    "xml": "[卡片]",
-    "share": "[链接]",
-    "music": "[音乐]",
-    "location": "[位置]",
-    "contact": "[名片]",
-    "poke": "[戳一戳]",
-    "dice": "[骰子]",
-    "rps": "[猜拳]",
-    "markdown": "[消息]",
-}
 # `[name(12345)]`, also with full-width brackets/parentheses, at the start of a line.
 # A line starts after any line break a model may read as one, and invisible characters
 # (zero-width space, direction marks, BOM) in front do not hide a forgery.
@@ -90,14 +61,18 @@ def render_segments(segments: Iterable[tuple[str, Mapping[str, Any]]], names: Ma
         elif kind == "reply":
             continue  # rendered from the resolved reply, see quote_marker
         else:
-            out.append(_PLACEHOLDERS.get(kind, f"[{kind}]"))
+            out.append(placeholder(kind, data))
     return "".join(out)
 
 
+def excerpt(text: str, limit: int = 30) -> str:
+    """The start of a message on one line."""
+    one_line = " ".join(text.split())
+    return one_line if len(one_line) <= limit else one_line[:limit] + "…"
+
+
 def quote_marker(name: str | None, user_id: int | str, text: str) -> str:
-    excerpt = text.replace("\n", " ").strip()
-    excerpt = excerpt if len(excerpt) <= 30 else excerpt[:30] + "…"
-    return f"[回复 {clean_name(name, str(user_id))}({user_id})：{excerpt}] "
+    return f"[回复 {clean_name(name, str(user_id))}({user_id})：{excerpt(text)}] "
 
 
 def labelled(name: str | None, user_id: int | str, body: str, quote: str = "") -> str:
@@ -112,31 +87,3 @@ def is_empty(message: OBMessage) -> bool:
 
 def segments_of(message: OBMessage) -> list[tuple[str, Mapping[str, Any]]]:
     return [(seg.type, seg.data) for seg in message]
-
-
-def notice_text(event: NoticeEvent, names: Mapping[str, str]) -> str | None:
-    """A platform notice as a short line, or None for notices not worth keeping."""
-
-    def who(uid: int) -> str:
-        return f"{clean_name(names.get(str(uid)), str(uid))}({uid})"
-
-    if isinstance(event, GroupIncreaseNoticeEvent):
-        return f"{who(event.user_id)} 加入了本群"
-    if isinstance(event, GroupDecreaseNoticeEvent):
-        verb = {"kick": "被移出了本群", "kick_me": "把机器人移出了本群"}.get(event.sub_type, "离开了本群")
-        return f"{who(event.user_id)} {verb}"
-    if isinstance(event, GroupRecallNoticeEvent):
-        if event.operator_id != event.user_id:
-            return f"{who(event.operator_id)} 撤回了 {who(event.user_id)} 的一条消息"
-        return f"{who(event.user_id)} 撤回了一条消息"
-    if isinstance(event, FriendRecallNoticeEvent):
-        return f"{who(event.user_id)} 撤回了一条消息"
-    if isinstance(event, PokeNotifyEvent):
-        return f"{who(event.user_id)} 戳了戳 {who(event.target_id)}"
-    if isinstance(event, GroupAdminNoticeEvent):
-        return f"{who(event.user_id)} {'成为' if event.sub_type == 'set' else '不再是'}管理员"
-    if isinstance(event, GroupBanNoticeEvent):
-        if event.sub_type == "lift_ban" or event.duration == 0:
-            return f"{who(event.user_id)} 被解除禁言"
-        return f"{who(event.user_id)} 被禁言 {event.duration} 秒"
-    return None

@@ -332,7 +332,22 @@ class OneBotSim:
         if self._ws is None:
             raise RuntimeError("not connected")
         payload = {"time": int(time.time()), "self_id": self.self_id, **event}
+        if payload.get("post_type") == "message" and "message_id" in payload:
+            self._remember(payload)  # so `get_msg` finds it, as the implementations do
         await self._ws.send(json.dumps(payload, ensure_ascii=False))
+
+    def _remember(self, payload: Mapping[str, Any]) -> None:
+        mid = int(payload["message_id"])
+        if mid not in self.messages:
+            self.messages[mid] = StoredMessage(
+                mid,
+                str(payload.get("message_type", "group")),
+                dict(payload.get("sender") or {}),
+                as_segments(payload.get("message")),
+                int(payload["time"]),
+                group_id=_opt_int(payload.get("group_id")),
+                user_id=_opt_int(payload.get("user_id")),
+            )
 
     async def group_message(
         self,
