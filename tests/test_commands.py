@@ -991,3 +991,23 @@ async def test_an_empty_message_event_is_neither_recorded_nor_answered(app: App)
     await run(app, private_msg("  ", user=group), None)  # a private peer of its own
     assert await history(group_record(SELF_ID, group).id) == []
     assert await history(private_record(SELF_ID, group).id) == []
+
+
+def test_plugin_metadata_is_complete_for_the_plugin_store() -> None:
+    # What the NoneBot plugin store reads: type, adapters, config class and a usage that
+    # names every command.
+    from nonebot import get_plugin
+
+    from nonebot_plugin_memsum.config import Config
+
+    plugin = get_plugin("nonebot_plugin_memsum")
+    assert plugin is not None
+    meta = plugin.metadata
+    assert meta is not None
+    assert meta.type == "application"
+    assert meta.supported_adapters == {"~onebot.v11"}
+    assert meta.config is Config
+    assert meta.homepage
+    for command in COMMANDS:
+        if command.name:
+            assert f"/{command.name} " in meta.usage
