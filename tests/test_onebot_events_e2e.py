@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.fakes.botproc import BotProcess
-from tests.fakes.e2e import SELF_ID, connected, group_sid, query, until
+from tests.fakes.e2e import SELF_ID, connected, group_sid, private_sid, query, until
 from tests.fakes.onebot import OneBotSim, at, text
 from tests.test_onebot_render import load
 
@@ -127,3 +127,12 @@ async def test_a_poke_at_the_bot_and_an_unknown_mention_are_named(bot: BotProces
         ("notice", f"令狐二中(663748426) 戳了戳 小记({SELF_ID})的脑袋"),
         ("user", "[令狐二中(663748426)] 问问 @甲(30003)"),
     ]
+
+
+async def test_a_private_poke_is_a_notice_of_the_private_chat_naming_the_poker(
+    bot: BotProcess, sim: OneBotSim
+) -> None:
+    sim.add_member(GROUP + 2, ADMIN, "令狐二中")  # the sim's get_stranger_info knows the nickname
+    await push(sim, "napcat/friend_poke.json")
+    rows = await wait_stored(bot, private_sid(ADMIN), 1)
+    assert rows == [("notice", f"小记({SELF_ID}) 戳了戳 令狐二中(663748426)")]

@@ -35,6 +35,7 @@ NOTICES: dict[str, str | None] = {
     "napcat/group_recall_self.json": "小王(2973907990) 撤回了一条消息",
     "napcat/group_recall_by_admin.json": "令狐二中(663748426) 撤回了 小王(2973907990) 的一条消息",
     "napcat/poke.json": "令狐二中(663748426) 拍了拍 小王(2973907990)的手说是闲得慌",
+    "napcat/friend_poke.json": "小记(10000) 戳了戳 令狐二中(663748426)",
     "napcat/group_admin_set.json": "小王(2973907990) 成为管理员",
     "napcat/group_ban_member.json": "小王(2973907990) 被 令狐二中(663748426) 禁言 10 分钟",
     "napcat/group_ban_whole.json": "令狐二中(663748426) 开启了全员禁言",

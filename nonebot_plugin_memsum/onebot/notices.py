@@ -123,10 +123,12 @@ def _essence(payload: Mapping[str, Any], who: Any, op: str, excerpt: str) -> str
 
 
 def _notify(payload: Mapping[str, Any], who: Any, sub: Any, user: str) -> str | None:
-    if sub == "poke" and user:
+    # A private poke names the peer in user_id and the poker in sender_id (NapCat, Lagrange, go-cqhttp).
+    poker = _id(payload, "sender_id") or user
+    if sub == "poke" and poker:
         target = _id(payload, "target_id")
         action, suffix = _poke_words(payload)
-        return f"{who(user)} {action} {who(target) if target else ''}{suffix}".rstrip()
+        return f"{who(poker)} {action} {who(target) if target else ''}{suffix}".rstrip()
     if sub == "title" and user:
         return f"{who(user)} 获得了头衔「{short(payload.get('title'))}」"
     if sub == "group_name":  # NapCat

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import sys
 from collections import OrderedDict, defaultdict
 from collections.abc import AsyncIterator, Callable, Hashable
 from contextlib import asynccontextmanager
@@ -22,7 +23,7 @@ K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entry(Generic[V]):
     value: V
     size: int
@@ -100,12 +101,13 @@ UNKNOWN_NAME_TTL = 300.0
 NAME_ENTRIES = 100_000
 NAME_BYTES = 16 * 1024 * 1024
 NAME_IDLE = 24 * 3600.0
-_ENTRY_OVERHEAD = 240  # an OrderedDict slot, the tuple key, the entry object (measured roughly)
+_ENTRY_OVERHEAD = 390
+"""An OrderedDict slot, the key tuple and the entry object (bench/bench_onebot_names.py measures it)."""
 
 
 def _name_size(key: tuple[str, str], name: str) -> int:
-    scope, uid = key
-    return _ENTRY_OVERHEAD + len(scope) + len(uid) + 4 * len(name)
+    # The scope string is shared by the entries of one place; the id and the name are not.
+    return _ENTRY_OVERHEAD + sys.getsizeof(key[1]) + sys.getsizeof(name)
 
 
 class NameCache:
