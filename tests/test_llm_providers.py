@@ -318,7 +318,17 @@ async def rt(tmp_path: Path, llm: ScriptedLLM) -> AsyncIterator[Runtime]:
         await runtime.close(built)
 
 
-async def test_the_group_and_the_history_never_see_the_thinking(rt: Runtime, llm: ScriptedLLM) -> None:
+@pytest.mark.parametrize(
+    ("name", "answer", "thought"),
+    [
+        ("ollama_think_stream.sse", "好啊，八点见。", "小明问今晚"),  # a <think> block in the content
+        ("deepseek_reasoner_stream.sse", "好啊，八点上线。", "我答应他"),  # reasoning_content deltas
+        ("openrouter_stream_reasoning.sse", "八点见。", "先确认时间"),  # reasoning deltas
+    ],
+)
+async def test_the_group_and_the_history_never_see_the_thinking(
+    rt: Runtime, llm: ScriptedLLM, name: str, answer: str, thought: str
+) -> None:
     await rt.agent.record(
         GROUP, Message(role="user", content="[小明(12345)] @小记 今晚打游戏吗", name="12345")
     )
@@ -327,15 +337,18 @@ async def test_the_group_and_the_history_never_see_the_thinking(rt: Runtime, llm
     async def reply(text: str) -> None:
         sent.append(text)
 
-    llm.push(replay("ollama_think_stream.sse"))
+    llm.push(replay(name))
     assert await rt.agent.run_turn(GROUP.id, reply, Entry("onebot", "group")) == "replied"
-    assert sent == ["好啊，八点见。"]
-    stored = (await rt.store.get_history(GROUP.id))[-1]
-    assert (stored.role, stored.content) == ("assistant", "好啊，八点见。")
+    assert sent == [answer]
+    stored = await rt.store.get_history(GROUP.id)
+    assert (stored[-1].role, stored[-1].content) == ("assistant", answer)
+    assert not any(thought in m.content for m in stored)
     # Nor does the model see it again on the next turn.
     await rt.agent.record(GROUP, Message(role="user", content="[小明(12345)] @小记 几点？", name="12345"))
     await rt.agent.run_turn(GROUP.id, reply, Entry("onebot", "group"))
-    assert "think" not in json.dumps(llm.requests[-1]["messages"], ensure_ascii=False)
+    sent_back = json.dumps(llm.requests[-1]["messages"], ensure_ascii=False)
+    assert "think" not in sent_back
+    assert thought not in sent_back
 
 
 async def test_a_summary_with_thinking_is_stored_without_it(rt: Runtime, llm: ScriptedLLM) -> None:
