@@ -7,6 +7,7 @@ comes from (the provider's docs, an SDK's fixtures, a public bug report). Issue 
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -371,6 +372,35 @@ async def test_the_compression_line_uses_the_providers_prompt_tokens(rt: Runtime
     llm.push(replay("moonshot_stream_usage.sse"))
     await rt.agent.run_turn(GROUP.id, None, Entry("onebot", "group"))
     assert [e.usage for e in events if e.turn_id is not None] == [1336]
+    # The real store's ledger keeps the cache hit apart.
+    with sqlite3.connect(rt.store.path) as con:
+        rows = con.execute("SELECT purpose, tokens_in, tokens_out, tokens_cached FROM ledger").fetchall()
+    assert rows == [("对话", 1336, 31, 1280)]
+
+
+@pytest.mark.parametrize(
+    "replies",
+    [
+        pytest.param(["llamacpp_no_done.sse"], id="no-done"),
+        pytest.param(["done_without_finish_reason.sse"], id="no-finish-reason"),
+        pytest.param(
+            ["azure_stream_options_400.json", "done_without_finish_reason.sse"], id="stream-options-400"
+        ),
+    ],
+)
+async def test_a_turn_answers_instead_of_apologising(
+    rt: Runtime, llm: ScriptedLLM, replies: list[str]
+) -> None:
+    # Each of these made every turn end in the apology before.
+    await rt.agent.record(GROUP, Message(role="user", content="[小明(12345)] @小记 几点？", name="12345"))
+    sent: list[str] = []
+
+    async def reply(text: str) -> None:
+        sent.append(text)
+
+    llm.push(*(replay(n, status=400 if n.endswith("400.json") else 200) for n in replies))
+    assert await rt.agent.run_turn(GROUP.id, reply, Entry("onebot", "group")) == "replied"
+    assert sent == ["八点见。"]
 
 
 # --- 5. connections are reused ------------------------------------------------------------
