@@ -288,3 +288,37 @@ async def test_modes_personas_caps_and_cooldowns_persist_across_a_restart(
         assert len(llm.requests) == chat_before + 1  # only the persona group's turn
         assert (await everything(bot, group_sid(capped)))[-1].endswith("真的不行吗")
         assert (await everything(bot, group_sid(cooling)))[-1].endswith("又来了")
+
+
+async def test_a_record_only_group_records_and_compresses_but_never_answers(
+    bot: BotProcess, sim: OneBotSim, llm: ScriptedLLM
+) -> None:
+    group, sid = 30301, group_sid(30301)
+    llm.reset()
+    llm.default = Reply(SUMMARY)
+    try:
+        mark = len(sim.calls)
+        await sim.group_message(group, SUPERUSER, "/记忆模式 仅记录")
+        await sim.group_message(group, SUPERUSER, "/条数线 4")
+        assert len(await answers(sim, mark, 2)) == 2
+        mark = len(sim.calls)
+        await sim.group_message(group, 20001, [at(SELF_ID), seg(" 小记你在吗")])
+        await chat(bot, sim, group, 3)  # the fourth message reaches the count line
+
+        async def compressed() -> bool:
+            return await active(bot, sid) == ["对话已压缩"]
+
+        await until(compressed, "the record-only group compressed")
+
+        async def all_decided() -> bool:  # each of the four handlers chose not to answer
+            return bot.log().count(f"of {sid}: record-only") == 4
+
+        await until(all_decided, "the four messages judged")
+        assert len(await summary(bot, sid)) == 1
+        assert len(await everything(bot, sid)) == 5  # four lines archived, the divider
+        # Only the summariser was asked; the group heard nothing.
+        assert len(llm.requests) == 1
+        assert "小记你在吗" in json.dumps(llm.requests[0], ensure_ascii=False)
+        assert [c for c in sim.calls[mark:] if c.action in SEND_ACTIONS | FORWARD_ACTIONS] == []
+    finally:
+        llm.reset()
