@@ -27,6 +27,7 @@ from nonebot_plugin_memsum.agent.tools import ToolFn
 from nonebot_plugin_memsum.agent.turn import Entry, ReplyFn
 from nonebot_plugin_memsum.compression.request import CompressionError
 from nonebot_plugin_memsum.compression.service import CompressionResult, SessionStatus
+from nonebot_plugin_memsum.store import StoreError
 from nonebot_plugin_memsum.types import Message, SessionRecord, ToolCall
 
 E = TypeVar("E")
@@ -39,6 +40,7 @@ __all__ = [
     "Message",
     "SessionRecord",
     "SessionStatus",
+    "StoreError",
     "ToolCall",
     "TurnEnded",
     "TurnStarted",
@@ -48,6 +50,7 @@ __all__ = [
     "clear",
     "compress",
     "contribute",
+    "delete_session",
     "history",
     "internal_session",
     "record",
@@ -121,13 +124,22 @@ def subscribe(event_type: type[E], handler: Callable[[E], Awaitable[None] | None
 
 
 async def compress(session_id: str) -> CompressionResult:
-    """Compress now; raises CompressionError with a Chinese reason."""
+    """Compress now; raises CompressionError with a Chinese reason (also when called from
+    inside this session's own turn), or StoreError when the commit could not be written
+    (rolled back, R-RUN-11)."""
     return await runtime.get().compression.compress(session_id)
 
 
 async def clear(session_id: str, kind: Literal["context", "summary"] = "context") -> None:
     """Forget the context (history and summary) or only the summary (R-MEM-2)."""
     await runtime.get().compression.clear(session_id, kind)
+
+
+async def delete_session(session_id: str) -> None:
+    """Delete a session (R-MEM-2): cancel its compression, wait for its running turn, then
+    remove its history (archived too), summary, back-off, latest usage and own settings.
+    Its usage ledger stays."""
+    await runtime.get().compression.delete_session(session_id)
 
 
 async def status(session_id: str) -> SessionStatus:

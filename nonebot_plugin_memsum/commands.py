@@ -328,7 +328,11 @@ async def _clear(call: _Call) -> str:
         return "已清除本会话的摘要，上下文保留。"
     if not confirmed:
         _pending[_confirm_key(call.record, call.event)] = clock.now() + CONFIRM_SECONDS
-        return f"将清除本会话的全部上下文和摘要，无法恢复。{CONFIRM_SECONDS} 秒内回复「{CONFIRM_WORD}」继续。"
+        # R-MEM-2: the messages are archived, not deleted: say so.
+        return (
+            "将清除本会话的全部上下文和摘要：之前的消息只留在存档里，不会再发给模型。"
+            f"{CONFIRM_SECONDS} 秒内回复「{CONFIRM_WORD}」继续。"
+        )
     return await _clear_context(call)
 
 

@@ -204,6 +204,10 @@ class Settings:
         await self._store.set_setting(scope, key, name, validate(name, value))
         self._stored.pop((scope, key), None)  # after the write: a read meanwhile saw the old value
 
+    def forget_session(self, session_id: str) -> None:
+        """The session's stored layer was deleted with the session (Store.delete_session)."""
+        self._stored.pop(("session", session_id), None)
+
     async def reset(self, name: SettingName, scope: Literal["session", "place"], key: str) -> None:
         await self._store.delete_setting(scope, key, name)
         self._stored.pop((scope, key), None)

@@ -106,3 +106,18 @@ async def test_clear_and_status_through_the_api() -> None:
     status = await api.status(session.id)
     assert status.summary is None
     assert status.active_messages == 0
+
+
+async def test_r_mem_2_delete_session_through_the_api() -> None:
+    rt = runtime.get()
+    session = await api.internal_session("api:delete")
+    await api.record(session, api.Message(role="user", content="hi"))
+    await rt.settings.set("compress_at", "session", session.id, 0.5)
+    await api.clear(session.id, "context")  # archived rows: deleted with the session too
+    await api.record(session, api.Message(role="user", content="again"))
+    await api.delete_session(session.id)
+    assert await api.history(session.id) == []
+    assert await rt.store.get_archived(session.id) == []
+    assert await rt.store.get_session(session.id) is None
+    assert await rt.store.get_settings("session", session.id) == {}
+    assert (await rt.settings.effective("compress_at", session.id)).layer != "session"

@@ -1075,6 +1075,76 @@ async def test_r_mem_2_clear_context_clears_the_summary_too(env: Env) -> None:
     assert not any(INJECTION_HEAD in str(m["content"]) for m in model.chat_requests()[-1]["messages"])
 
 
+def _session_rows(path: Path, session_id: str) -> dict[str, int]:
+    """How many rows of each table belong to the session, read from the file itself."""
+    queries = {
+        "messages": "SELECT COUNT(*) FROM messages WHERE session_id = ?",
+        "metadata": "SELECT COUNT(*) FROM metadata WHERE key = ?",
+        "settings": "SELECT COUNT(*) FROM settings WHERE scope = 'session' AND scope_key = ?",
+        "sessions": "SELECT COUNT(*) FROM sessions WHERE id = ?",
+        "ledger": "SELECT COUNT(*) FROM ledger WHERE session_id = ?",
+    }
+    with sqlite3.connect(path) as db:
+        counts = {table: db.execute(sql, (session_id,)).fetchone()[0] for table, sql in queries.items()}
+    db.close()
+    return counts
+
+
+async def test_r_mem_2_delete_session_cancels_the_run_and_removes_everything(make: Make) -> None:
+    env = await make(memsum_history_limit=2)
+    rt, model = env.rt, env.model
+    model.summary.append(Reply("【保留原文】无"))  # the background run fails: a back-off
+    await seed(rt, 4)
+    assert await rt.agent.run_turn(GROUP.id, entry=IN_GROUP) == "replied"
+    await settle(rt)
+    await rt.settings.set("compress_at", "session", GROUP.id, 0.3)
+    await rt.todos.replace(GROUP.id, [TodoItem("写周报", "pending")])
+    status = await rt.compression.status(GROUP.id)
+    assert (status.backoff_failures, status.compress_at, status.usage is not None) == (1, 0.3, True)
+    other = SessionRecord(id="onebot:group:2", platform="onebot", kind="group", place="group:2")
+    await seed(rt, 2, record=other, start=50)
+    before = await asyncio.to_thread(_session_rows, rt.store.path, GROUP.id)
+    assert all(before.values()), before
+
+    run, gate = await held_compression(env)  # a compression waiting on the model
+    await rt.compression.delete_session(GROUP.id)
+    with pytest.raises(CompressionError) as failed:
+        await asyncio.wait_for(run, 10)
+    assert failed.value.reason == CLEARED
+    assert env.phases()[-2:] == [("start", None), ("error", CLEARED)]
+    # Gone from the file: history (archive too), summary, last run, todos, back-off, usage,
+    # the session's own settings and its record; the usage ledger stays (it was paid).
+    after = await asyncio.to_thread(_session_rows, rt.store.path, GROUP.id)
+    assert after == {**dict.fromkeys(before, 0), "ledger": before["ledger"]}
+    assert len(await rt.store.get_history(other.id)) == 2  # another session is untouched
+    status = await rt.compression.status(GROUP.id)
+    assert (status.backoff_failures, status.usage, status.compress_at) == (0, None, 0.8)
+    assert await rt.store.get_session(GROUP.id) is None
+    # The session starts again from nothing.
+    await seed(rt, 1, start=60)
+    assert [m.content for m in await rt.store.get_history(GROUP.id)] == [talk(60)]
+    gate.open()
+
+
+async def test_r_mem_2_delete_session_waits_for_a_running_turn(env: Env) -> None:
+    rt = env.rt
+    await seed(rt, 2)
+    turn, chat_gate = await held_turn(env, Reply("好的", usage=usage(100)))
+    deleting = asyncio.create_task(rt.compression.delete_session(GROUP.id))
+    await asyncio.sleep(0.05)
+    assert not deleting.done()  # the turn's answer is still to be stored
+    chat_gate.open()
+    assert await turn == "replied"
+    await asyncio.wait_for(deleting, 10)
+    assert await asyncio.to_thread(_session_rows, rt.store.path, GROUP.id) == {
+        "messages": 0,
+        "metadata": 0,
+        "settings": 0,
+        "sessions": 0,
+        "ledger": 1,
+    }
+
+
 async def test_r_mem_2_clear_summary_alone_keeps_the_history(env: Env) -> None:
     rt = env.rt
     await seed(rt, 3)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from nonebot.log import logger
@@ -42,6 +42,10 @@ from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE, Store, StoreError
 from nonebot_plugin_memsum.types import Message
 
 RUNS_NAMESPACE = "compression"
+BACKOFF_NAMESPACE = "backoff"
+USAGE_NAMESPACE = "usage"
+"""The back-off and the latest usage of a session, kept across restarts: a restart must not
+hit a failing model again at once, and /摘要 shows the line it knew."""
 DIVIDER = "对话已压缩"
 BUSY = "这个会话正在压缩"
 CLEARED = "压缩期间会话被清空"
@@ -104,6 +108,8 @@ class _Run:
     committing: bool = False
     reason: str = CLEARED
     """Why `cancelled` was set: a clear (R-MEM-3) or the shutdown."""
+    deleted: bool = False
+    """Cancelled by the session's deletion: the run leaves no trace in the store."""
     finished: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -138,6 +144,7 @@ class CompressionService:
     _epoch: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
     _turn_epoch: dict[str, int] = field(default_factory=dict)
     _backoff: dict[str, Backoff] = field(default_factory=dict)
+    """Back-offs read or written so far (a fresh `Backoff()` when the store has none)."""
     _runs: dict[str, _Run] = field(default_factory=dict)
     _commit_locks: defaultdict[str, asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
@@ -208,10 +215,34 @@ class CompressionService:
             async with self._commit_locks[session_id]:
                 await self.store.clear(session_id, kind)
         self._epoch[session_id] += 1
-        self._backoff.pop(session_id, None)  # R-BACK-4
+        await self._set_backoff(session_id, Backoff())  # R-BACK-4
         self._latest_turn_usage.pop(session_id, None)
         if kind == "context":
             self._latest_usage.pop(session_id, None)
+            await self.store.delete_meta(USAGE_NAMESPACE, session_id)
+
+    async def delete_session(self, session_id: str) -> None:
+        """R-MEM-2/3, R-BACK-4: cancel a run still waiting on the model (wait for one that
+        commits), wait for a running turn, then delete the session and all it stored: history,
+        summary, back-off, usage, its own settings."""
+        run = self._runs.get(session_id)
+        inside_turn = self.agent.is_turn_task(session_id)
+        if run is not None:
+            run.deleted = True
+            if not run.committing or inside_turn:
+                run.cancelled.set()
+            if not inside_turn:  # it writes its outcome after the commit: let it end first
+                await run.finished.wait()
+        if inside_turn:
+            await self.store.delete_session(session_id)
+        else:
+            async with self._commit_locks[session_id], self.agent.turn_lock(session_id):
+                await self.store.delete_session(session_id)
+        self._epoch[session_id] += 1
+        self._backoff.pop(session_id, None)
+        self._latest_turn_usage.pop(session_id, None)
+        self._latest_usage.pop(session_id, None)
+        self.settings.forget_session(session_id)
 
     async def summary(self, session_id: str) -> dict[str, Any] | None:
         return await self.store.get_meta(SUMMARY_NAMESPACE, session_id)
@@ -227,7 +258,7 @@ class CompressionService:
         record = await self.summary(session_id) or {}
         raw_run = await self.store.get_meta(RUNS_NAMESPACE, session_id)
         last = LastRun(**raw_run) if raw_run else None
-        usage = self._latest_usage.get(session_id)
+        usage = await self._usage(session_id)
         entry = (usage.platform, usage.platform_type) if usage else (None, None)
         compress_at = await self.settings.effective(
             "compress_at", session_id, entry_platform=entry[0], entry_type=entry[1]
@@ -239,7 +270,7 @@ class CompressionService:
         if usage is not None:
             e = compression_line(compress_at.value, usage.window, usage.trim_budget)
             line = int(e) if e is not None and compress_at.value else None
-        backoff = self._backoff.get(session_id, Backoff())
+        backoff = await self._backoff_of(session_id)
         return SessionStatus(
             summary=record.get("text"),
             summary_time=record.get("time"),
@@ -261,6 +292,8 @@ class CompressionService:
         self._latest_usage[event.session_id] = event  # R-TRIG-1: every usage, for the budget
         if event.turn_id is not None:
             self._latest_turn_usage[event.session_id] = event
+            # One write per model call: a snapshot is followed by the call's own usage.
+            await self.store.put_meta(USAGE_NAMESPACE, event.session_id, asdict(event))
 
     async def _on_turn_started(self, event: TurnStarted) -> None:
         self._turn_epoch[event.turn_id] = self._epoch[event.session_id]
@@ -276,8 +309,7 @@ class CompressionService:
             return
         if sid in self._runs:
             return
-        backoff = self._backoff.get(sid, Backoff()).on_judged_turn()
-        self._backoff[sid] = backoff
+        backoff = await self._set_backoff(sid, (await self._backoff_of(sid)).on_judged_turn())
         facts = UsageFacts(
             turn_id=usage.turn_id,
             usage=usage.usage,
@@ -339,10 +371,10 @@ class CompressionService:
         except (CompressionError, StoreError) as err:  # warned about in the run already
             # R-BACK-4: a run cancelled by a clear is no failure
             if not (isinstance(err, CompressionError) and err.reason == CLEARED):
-                self._backoff[session_id] = self._backoff.get(session_id, Backoff()).on_failure()
+                await self._set_backoff(session_id, (await self._backoff_of(session_id)).on_failure())
         except Exception:
             logger.exception(f"memsum: background compression of {session_id} crashed")
-            self._backoff[session_id] = self._backoff.get(session_id, Backoff()).on_failure()
+            await self._set_backoff(session_id, (await self._backoff_of(session_id)).on_failure())
 
     # ---- the run (R-RUN, R-FAIL, R-PROG) ------------------------------------------------
     async def _run(self, session_id: str) -> CompressionResult:
@@ -371,7 +403,7 @@ class CompressionService:
             await self._failed(session_id, str(err))
             raise
         except _Cleared:
-            await self._failed(session_id, run.reason)
+            await self._failed(session_id, run.reason, remember=not run.deleted)
             raise CompressionError(run.reason) from None
         except StoreError as err:  # R-RUN-11: rolled back; the store's own error, as it is
             await self._failed(session_id, STORE_FAILED, err)
@@ -381,17 +413,20 @@ class CompressionService:
             await self._failed(session_id, reason, err)
             raise CompressionError(reason) from err
         self._epoch[session_id] += 1
-        self._backoff.pop(session_id, None)  # R-BACK-4
+        await self._set_backoff(session_id, Backoff())  # R-BACK-4
         await self._remember_run(
             session_id, LastRun(clock.now(), "done", None, result.kept_messages, result.archived)
         )
         await self.bus.emit(CompressionProgress(session_id, "done"))
         return result
 
-    async def _failed(self, session_id: str, reason: str, err: BaseException | None = None) -> None:
+    async def _failed(
+        self, session_id: str, reason: str, err: BaseException | None = None, *, remember: bool = True
+    ) -> None:
         """R-FAIL-1: one warning (with the traceback of an unexpected error), an `error` event."""
         logger.opt(exception=err).warning(f"memsum: compression of {session_id} failed: {reason}")
-        await self._remember_run(session_id, LastRun(clock.now(), "error", reason, 0, 0))
+        if remember:
+            await self._remember_run(session_id, LastRun(clock.now(), "error", reason, 0, 0))
         await self.bus.emit(CompressionProgress(session_id, "error", reason))
 
     async def _remember_run(self, session_id: str, last: LastRun) -> None:
@@ -424,7 +459,7 @@ class CompressionService:
         todos = None
         if template.name == "work" and self.todos is not None:  # R-RUN-4
             todos = [(i.status, i.title) for i in await self.todos.items(session_id)]
-        usage = self._latest_usage.get(session_id)
+        usage = await self._usage(session_id)
         line = None
         if usage is not None:  # R-BUD-1/6: the line of the latest usage, if any
             at = await self.compress_at(session_id, usage.platform, usage.platform_type)
@@ -518,7 +553,7 @@ class CompressionService:
             async with self.agent.turn_lock(session_id):
                 if run.cancelled.is_set():  # cleared from inside the turn it waited for
                     raise _Cleared
-                entry = self._entry(session_id)
+                entry = await self._entry(session_id)
                 limit = int((await self.settings.effective("history_limit", session_id, **entry)).value)
                 now = clock.now()
                 # One transaction: its steps are invisible to everyone else until COMMIT, so
@@ -555,9 +590,45 @@ class CompressionService:
             summary=summary,
         )
 
-    def _entry(self, session_id: str) -> dict[str, str | None]:
-        usage = self._latest_usage.get(session_id)
+    async def _entry(self, session_id: str) -> dict[str, str | None]:
+        usage = await self._usage(session_id)
         return {
             "entry_platform": usage.platform if usage else None,
             "entry_type": usage.platform_type if usage else None,
         }
+
+    # ---- what survives a restart ------------------------------------------------------------
+    async def _usage(self, session_id: str) -> UsageEvent | None:
+        """The latest usage: this process's, else the one stored before a restart."""
+        usage = self._latest_usage.get(session_id)
+        if usage is None:
+            stored = await self.store.get_meta(USAGE_NAMESPACE, session_id)
+            try:
+                usage = UsageEvent(**stored) if stored else None
+            except TypeError:  # written by a version with other fields: no usage then
+                usage = None
+            if usage is not None:
+                self._latest_usage.setdefault(session_id, usage)
+        return usage
+
+    async def _backoff_of(self, session_id: str) -> Backoff:
+        backoff = self._backoff.get(session_id)
+        if backoff is None:
+            stored = await self.store.get_meta(BACKOFF_NAMESPACE, session_id) or {}
+            backoff = self._backoff.setdefault(
+                session_id,
+                Backoff(int(stored.get("failures", 0)), int(stored.get("turns_waited", 0))),
+            )
+        return backoff
+
+    async def _set_backoff(self, session_id: str, backoff: Backoff) -> Backoff:
+        """Remember the back-off here and in the store; a fresh one is deleted there."""
+        if self._backoff.get(session_id) == backoff:
+            return backoff
+        self._backoff[session_id] = backoff
+        if backoff.failures:
+            value = {"failures": backoff.failures, "turns_waited": backoff.turns_waited}
+            await self.store.put_meta(BACKOFF_NAMESPACE, session_id, value)
+        else:
+            await self.store.delete_meta(BACKOFF_NAMESPACE, session_id)
+        return backoff

@@ -279,6 +279,18 @@ class Tx:
             )
         await self.delete_meta(SUMMARY_NAMESPACE, session_id)
 
+    async def delete_session(self, session_id: str) -> None:
+        """R-MEM-2: everything of one session: its messages (active and archived), every
+        metadata entry keyed by its id (summary, last run, todos, back-off, usage), its own
+        settings and its record. The usage ledger stays: it is what was paid."""
+        for sql in (
+            "DELETE FROM messages WHERE session_id = ?",
+            "DELETE FROM metadata WHERE key = ?",
+            "DELETE FROM settings WHERE scope = 'session' AND scope_key = ?",
+            "DELETE FROM sessions WHERE id = ?",
+        ):
+            await self._fetch(sql, (session_id,))
+
     async def get_settings(self, scope: str, scope_key: str) -> dict[str, Any]:
         """Every setting stored for one scope key, by name."""
         rows = await self._fetch(
@@ -566,6 +578,12 @@ class Store:
     async def clear(self, session_id: str, kind: ClearKind) -> None:
         async with self.transaction() as tx:
             await tx.clear(session_id, kind)
+
+    async def delete_session(self, session_id: str) -> None:
+        """One transaction: the session and everything it stored, gone (see Tx.delete_session)."""
+        async with self.transaction() as tx:
+            await tx.delete_session(session_id)
+        self._sessions.pop(session_id, None)
 
     async def get_settings(self, scope: str, scope_key: str) -> dict[str, Any]:
         async with self._statement() as tx:
