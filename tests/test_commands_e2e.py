@@ -303,7 +303,8 @@ async def test_a_record_only_group_records_and_compresses_but_never_answers(
         assert len(await answers(sim, mark, 2)) == 2
         mark = len(sim.calls)
         await sim.group_message(group, 20001, [at(SELF_ID), seg(" 小记你在吗")])
-        await chat(bot, sim, group, 3)  # the fourth message reaches the count line
+        for i in range(3):  # the fourth message reaches the count line
+            await sim.group_message(group, 20002 + i, f"第 {i} 句：周末去爬山吗")
 
         async def compressed() -> bool:
             return await active(bot, sid) == ["对话已压缩"]
