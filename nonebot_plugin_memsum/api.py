@@ -27,7 +27,7 @@ from nonebot_plugin_memsum.agent.tools import ToolFn
 from nonebot_plugin_memsum.agent.turn import Entry, ReplyFn
 from nonebot_plugin_memsum.compression.request import CompressionError
 from nonebot_plugin_memsum.compression.service import CompressionResult, SessionStatus
-from nonebot_plugin_memsum.store import StoreError
+from nonebot_plugin_memsum.store import SearchHit, SearchQuery, StoreError
 from nonebot_plugin_memsum.types import Message, SessionRecord, ToolCall
 
 E = TypeVar("E")
@@ -38,6 +38,7 @@ __all__ = [
     "CompressionResult",
     "Entry",
     "Message",
+    "SearchHit",
     "SessionRecord",
     "SessionStatus",
     "StoreError",
@@ -55,6 +56,7 @@ __all__ = [
     "internal_session",
     "record",
     "run_turn",
+    "search",
     "status",
     "subscribe",
     "tool",
@@ -145,3 +147,23 @@ async def delete_session(session_id: str) -> None:
 async def status(session_id: str) -> SessionStatus:
     """Summary, last compression, usage against the line, back-off."""
     return await runtime.get().compression.status(session_id)
+
+
+async def search(
+    session_id: str,
+    query: str,
+    *,
+    speaker: str | None = None,
+    since: float | None = None,
+    until: float | None = None,
+    limit: int = 10,
+    context: int = 0,
+) -> list[SearchHit]:
+    """Full-text search over the session's stored messages, active and archived (never cleared
+    ones, never another session's): best match first, then the newest. `query` words must all
+    occur (Chinese words of any length, QQ numbers, codes, URLs, English); `speaker` is a QQ
+    number or a nickname; `since`/`until` unix times (until exclusive); `context` neighbouring
+    messages either side of each hit."""
+    return await runtime.get().store.search(
+        SearchQuery(session_id, query, speaker, since, until, limit), context
+    )

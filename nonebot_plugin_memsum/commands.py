@@ -11,8 +11,9 @@ history nor reaches the model.
 from __future__ import annotations
 
 import math
+import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -28,11 +29,12 @@ from nonebot.rule import Rule
 from nonebot.typing import T_State
 
 from . import clock, onebot, runtime, usage
+from .agent import recall
 from .compression.service import STORE_FAILED, CompressionError, CompressionResult, SessionStatus
 from .config import PERSONA_MAX, Config, Mode
 from .permission import SUPERUSER, SUPERUSER_OR_GROUP_ADMIN
 from .settings import MODE_WORDS, Resolved, SettingName, place_key, place_scope, validate
-from .store import StoreError
+from .store import SearchQuery, StoreError
 from .types import SessionRecord
 
 CONFIRM_WORD = "确认"
@@ -65,6 +67,9 @@ class _Call:
 
 
 Flow = Callable[[_Call], Awaitable[str]]
+RECALL_USAGE = "用法：/回忆 关键词 [@某人] [YYYY-MM-DD[..YYYY-MM-DD]]"
+RECALL_LIMIT = 10
+_DATE_RANGE = re.compile(r"^(\d{4}-\d{1,2}-\d{1,2})(?:(?:\.\.|~|～)(\d{4}-\d{1,2}-\d{1,2}))?$")
 
 
 # ---- pure text ----------------------------------------------------------------------
@@ -343,6 +348,51 @@ async def _clear_context(call: _Call) -> str:
     return "已清除本会话的上下文和摘要。"
 
 
+def parse_recall(session_id: str, words: Sequence[str], mentions: Sequence[str]) -> SearchQuery:
+    """`/回忆` arguments: keywords, one speaker (an @, or `@昵称`/`@QQ号` typed), one date or
+    range (both days included). ValueError in Chinese."""
+    keywords: list[str] = []
+    speakers = list(mentions)
+    since = until = None
+    for word in words:
+        if (m := _DATE_RANGE.match(word)) is not None:
+            if since is not None:
+                raise ValueError("只能给一个日期或日期范围")
+            since = recall.parse_time(m.group(1))
+            until = recall.parse_time(m.group(2) or m.group(1), end=True)
+        elif word.startswith(("@", "＠")) and len(word) > 1:
+            speakers.append(word[1:])
+        else:
+            keywords.append(word)
+    if len(speakers) > 1:
+        raise ValueError("一次只能指定一个人")
+    if since is not None and until is not None and until <= since:
+        raise ValueError("日期范围的结束早于开始")
+    speaker = speakers[0] if speakers else None
+    query = SearchQuery(session_id, " ".join(keywords), speaker, since, until, RECALL_LIMIT)
+    if query.expression() is None:
+        raise ValueError("请给出关键词或 @某人" if not keywords else recall.NO_TERMS)
+    return query
+
+
+async def _recall(call: _Call) -> str:
+    """The matches of this session only (a group never sees another place), best first."""
+    mentions = [
+        str(seg.data.get("qq"))
+        for seg in call.event.message
+        if seg.type == "at" and str(seg.data.get("qq")) not in ("all", str(call.event.self_id))
+    ]
+    try:
+        query = parse_recall(call.record.id, call.args, mentions)
+    except ValueError as err:
+        return f"{err}\n{RECALL_USAGE}"
+    hits = await runtime.get().store.search(query)
+    if not hits:
+        return recall.NOTHING
+    lines = [recall.line(h.message) for h in hits]
+    return f"找到 {len(hits)} 条（按相关程度排列）：\n" + "\n".join(lines)
+
+
 async def _help(call: _Call) -> str:
     """What the asker may use, here (as NoneBot's permission of each command decides it)."""
     bot = call.bot
@@ -400,6 +450,12 @@ COMMANDS: tuple[Command, ...] = (
         "/清除 [上下文|摘要]  清除上下文（连同摘要，需再回复「确认」）或只清除摘要",
     ),
     Command(
+        "回忆",
+        _recall,
+        SUPERUSER_OR_GROUP_ADMIN,
+        "/回忆 关键词 [@某人] [YYYY-MM-DD[..YYYY-MM-DD]]  查找本会话的聊天记录原文（含已压缩的）",
+    ),
+    Command(
         "记忆模式",
         _mode,
         SUPERUSER_OR_GROUP_ADMIN,
@@ -441,7 +497,7 @@ COMMANDS: tuple[Command, ...] = (
 )
 _HELP_NOTES = (
     "命令只有机器人的主人能用；开启 MEMSUM_GROUP_ADMIN_COMMANDS 后，群主和管理员可在本群使用"
-    " /压缩 /摘要 /清除 /记忆模式 /人设 /用量 /记忆帮助。",
+    " /压缩 /摘要 /清除 /回忆 /记忆模式 /人设 /用量 /记忆帮助。",
 )
 USAGE = "\n".join([*(c.usage for c in COMMANDS if c.name), *_HELP_NOTES])
 """Every command, for PluginMetadata; /记忆帮助 shows the asker only theirs."""

@@ -7,6 +7,7 @@ the plugin opens nothing.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,13 +15,14 @@ from pathlib import Path
 from nonebot.log import logger
 
 from .agent.events import EventBus
+from .agent.recall import register_recall_tool
 from .agent.tools import StoreTodoProvider, ToolRegistry, register_todo_tool
 from .agent.turn import Agent
 from .compression.service import CompressionService
 from .config import Config
 from .controls import Controls
 from .llm import LLMClient, Registry
-from .llm.tokens import aload_encoding, encoding_name
+from .llm.tokens import aload_encoding, encoding_name, estimate_text_tokens
 from .onebot.state import OneBotState
 from .settings import Settings
 from .store import Store
@@ -42,6 +44,8 @@ class Runtime:
     nicknames: list[str] = field(default_factory=list)
     onebot: OneBotState = field(default_factory=OneBotState)
     """Names, arrival tickets and recording locks of the OneBot layer, bounded."""
+    indexing: asyncio.Task[None] | None = None
+    """Keeps the search index in step with the messages (store/search.py)."""
 
 
 _current: Runtime | None = None
@@ -86,6 +90,7 @@ async def build(config: Config, db_path: Path, nicknames: list[str], superusers:
     tools = ToolRegistry()
     todos = StoreTodoProvider(store)
     register_todo_tool(tools, todos)
+    register_recall_tool(tools, store, estimate_text_tokens)
     agent = Agent(
         store=store, client=client, registry=registry, bus=bus, config=config, settings=settings, tools=tools
     )
@@ -102,9 +107,41 @@ async def build(config: Config, db_path: Path, nicknames: list[str], superusers:
     )
     compression.attach()
     controls = Controls(store, settings, config)
-    return Runtime(
+    rt = Runtime(
         config, store, registry, client, bus, settings, tools, todos, agent, compression, controls, nicknames
     )
+    rt.indexing = asyncio.create_task(keep_search_index(store), name="memsum-search-index")
+    return rt
+
+
+async def keep_search_index(store: Store, batch: int = 2000, idle: float = 1.0) -> None:
+    """Index new messages in batches, and what a file from before the search index holds
+    (newest first, progress in the log), in the background: start-up does not wait, and a
+    search indexes what is still waiting itself."""
+    old = (await store.search_state()).old_upto
+    if old > 0:
+        logger.info(f"memsum: indexing {old} older messages for search in the background")
+    step = max(batch, old // 10)
+    mark = step
+    await asyncio.sleep(idle)  # start-up's own work (and its first answers) first
+    while True:
+        try:
+            at = await store.index_search(batch)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("memsum: indexing messages for search failed; retrying in a minute")
+            await asyncio.sleep(60)
+            continue
+        if at is None:
+            await asyncio.sleep(idle)
+            continue
+        if at.old_upto < old:  # a batch of the older messages
+            old = at.old_upto
+            done = at.total_old - old
+            if done >= mark or old == 0:
+                logger.info(f"memsum: search index of older messages {100 * done // at.total_old}% built")
+                mark = done + step
 
 
 def owner_check(superusers: set[str]) -> Callable[[str], bool]:
@@ -122,6 +159,9 @@ async def stop() -> None:
 
 
 async def close(rt: Runtime) -> None:
+    if rt.indexing is not None:
+        rt.indexing.cancel()
+        await asyncio.gather(rt.indexing, return_exceptions=True)
     await rt.agent.shutdown()
     await rt.compression.shutdown()
     await rt.client.aclose()

@@ -504,7 +504,7 @@ async def test_tool_call_round_trip_is_stored_as_a_group_and_sent_back(
 
     result_text = "待办已更新：\n- [pending] 周六买票"
     first, second = chat_requests(llm)
-    assert [t["function"]["name"] for t in first["tools"]] == ["todo_write"]
+    assert [t["function"]["name"] for t in first["tools"]] == ["todo_write", "recall"]
     assert second["messages"][1:] == [
         openai_user(asked),
         {

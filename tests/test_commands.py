@@ -866,7 +866,7 @@ async def test_clear_with_unknown_words_shows_usage_and_clears_nothing(app: App,
 def test_usage_lists_every_command() -> None:
     named = [c.name for c in COMMANDS if c.name]
     assert sorted(named) == sorted(
-        ["压缩", "摘要", "压缩线", "条数线", "清除", "记忆帮助", "记忆模式", "人设", "用量", "限额"]
+        ["压缩", "摘要", "压缩线", "条数线", "清除", "回忆", "记忆帮助", "记忆模式", "人设", "用量", "限额"]
     )
     for name in named:
         assert f"\n/{name} " in f"\n{USAGE}"

@@ -110,7 +110,39 @@ async def _m003_ledger_cached_tokens(db: aiosqlite.Connection) -> None:
     await db.execute("ALTER TABLE ledger ADD COLUMN tokens_cached INTEGER NOT NULL DEFAULT 0")
 
 
-MIGRATIONS: tuple[Migration, ...] = (_m001_initial, _m002_message_tokens, _m003_ledger_cached_tokens)
+async def _m004_search(db: aiosqlite.Connection) -> None:
+    # Recall (issue 11): a full-text index over every stored message, its clear
+    # watermarks, and how far an existing database still has to be indexed; the
+    # indexing itself runs in the background after start-up (store/search.py).
+    # content='': the messages table holds the text, the index only terms and positions;
+    # unicode61 splits on the spaces store/search.py puts between its terms.
+    await db.execute(
+        "CREATE VIRTUAL TABLE search_index USING fts5(body, who, sess, content='',"
+        " tokenize='unicode61 remove_diacritics 0')"
+    )
+    # Per session: every message with id <= upto was cleared and is never returned.
+    await db.execute(
+        "CREATE TABLE search_cleared (session_id TEXT PRIMARY KEY, upto INTEGER NOT NULL) WITHOUT ROWID"
+    )
+    # How far indexing got: ids <= old_upto were stored before the index (the background
+    # backfill walks down from there; total_old is for the progress in the log); ids in
+    # (old_upto, indexed_upto] are indexed; newer ones wait for the next batch.
+    await db.execute(
+        "CREATE TABLE search_state (id INTEGER PRIMARY KEY CHECK (id = 1), old_upto INTEGER NOT NULL,"
+        " indexed_upto INTEGER NOT NULL, total_old INTEGER NOT NULL)"
+    )
+    await db.execute(
+        "INSERT INTO search_state (id, old_upto, indexed_upto, total_old)"
+        " SELECT 1, COALESCE(MAX(id), 0), COALESCE(MAX(id), 0), COALESCE(MAX(id), 0) FROM messages"
+    )
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    _m001_initial,
+    _m002_message_tokens,
+    _m003_ledger_cached_tokens,
+    _m004_search,
+)
 
 
 async def migrate(db: aiosqlite.Connection, migrations: Sequence[Migration] = MIGRATIONS) -> int:

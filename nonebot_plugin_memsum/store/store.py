@@ -25,7 +25,9 @@ import aiosqlite
 from nonebot_plugin_memsum import clock
 from nonebot_plugin_memsum.types import Message, SessionRecord, ToolCall
 
+from . import search
 from .migrations import SchemaTooNewError, migrate
+from .search import SearchHit, SearchQuery
 
 SUMMARY_NAMESPACE = "summary"
 """Metadata namespace of the summaries, key = session id (R-MEM-1)."""
@@ -198,6 +200,12 @@ class Tx:
             " event_marker, tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             _message_params(session_id, msg, ts),
         )
+        if search.indexable(
+            msg.role, msg.event_marker, msg.content
+        ):  # recall (issue 11): indexed as it is stored
+            await self._fetch(
+                search.INSERT, (new_id, *search.document(session_id, msg.role, msg.name, msg.content, ts))
+            )
         return replace(msg, id=new_id, ts=ts)
 
     async def get_history(self, session_id: str, limit: float = math.inf) -> list[Message]:
@@ -277,12 +285,15 @@ class Tx:
             await self._fetch(
                 "UPDATE messages SET archived = 1 WHERE session_id = ? AND archived = 0", (session_id,)
             )
+            await search.forget(self._live(), session_id)  # what was cleared is never found again
         await self.delete_meta(SUMMARY_NAMESPACE, session_id)
 
     async def delete_session(self, session_id: str) -> None:
         """R-MEM-2: everything of one session: its messages (active and archived), every
         metadata entry keyed by its id (summary, last run, todos, back-off, usage), its own
-        settings and its record. The usage ledger stays: it is what was paid."""
+        settings and its record. The usage ledger stays: it is what was paid. Its rows leave
+        the search index first (their terms are read from the rows being deleted)."""
+        await search.forget(self._live(), session_id)
         for sql in (
             "DELETE FROM messages WHERE session_id = ?",
             "DELETE FROM metadata WHERE key = ?",
@@ -290,6 +301,38 @@ class Tx:
             "DELETE FROM sessions WHERE id = ?",
         ):
             await self._fetch(sql, (session_id,))
+
+    async def search(self, query: SearchQuery, context: int = 0) -> list[SearchHit]:
+        """The session's stored messages (active and archived, never cleared ones) matching
+        `query`, best first, each with up to `context` conversation messages either side."""
+        expression = query.expression()
+        if expression is None or query.limit <= 0:
+            return []
+        wm = await search.cleared_upto(self._live(), query.session_id)
+        since = -math.inf if query.since is None else query.since
+        until = math.inf if query.until is None else query.until
+        rows = await self._fetch(
+            search.select_hits(_MESSAGE_COLUMNS),
+            (expression, query.session_id, wm, since, until, query.limit),
+        )
+        hits = []
+        for row in rows:
+            msg = _message_from_row(row[:-1])
+            before = await self._near(query.session_id, msg.id, wm, context, before=True)
+            after = await self._near(query.session_id, msg.id, wm, context, before=False)
+            hits.append(SearchHit(msg, float(row[-1]), before, after))
+        return hits
+
+    async def _near(
+        self, session_id: str, msg_id: int | None, wm: int, count: int, *, before: bool
+    ) -> tuple[Message, ...]:
+        if count <= 0:
+            return ()
+        rows = await self._fetch(
+            search.neighbours(_MESSAGE_COLUMNS, before=before), (session_id, msg_id, wm, count) * 2
+        )
+        rows.sort(key=lambda r: r[0], reverse=before)  # nearest first, then back to storage order
+        return tuple(_message_from_row(r) for r in sorted(rows[:count], key=lambda r: r[0]))
 
     async def get_settings(self, scope: str, scope_key: str) -> dict[str, Any]:
         """Every setting stored for one scope key, by name."""
@@ -584,6 +627,29 @@ class Store:
         async with self.transaction() as tx:
             await tx.delete_session(session_id)
         self._sessions.pop(session_id, None)
+
+    async def search(self, query: SearchQuery, context: int = 0) -> list[SearchHit]:
+        while await self.index_search(new_only=True) is not None:
+            pass  # what was stored since the last batch is searchable too
+        async with self._statement() as tx:
+            return await tx.search(query, context)
+
+    async def search_state(self) -> search.IndexState:
+        async with self._statement() as tx:
+            return await search.state(tx._live())
+
+    async def index_search(self, batch: int = 2000, *, new_only: bool = False) -> search.IndexState | None:
+        """Index the next batch of messages the search index does not hold yet (new ones
+        first, then those of a file from before the index); None when nothing waits. Terms
+        are cut off the event loop and outside the lock; the write re-checks clears that
+        happened meanwhile."""
+        async with self._statement() as tx:
+            found = await search.next_batch(tx._live(), batch, new_only=new_only)
+        if found is None:
+            return None
+        docs = await asyncio.to_thread(search.documents, found.rows)
+        async with self.transaction() as tx:
+            return await search.commit_batch(tx._live(), found, docs)
 
     async def get_settings(self, scope: str, scope_key: str) -> dict[str, Any]:
         async with self._statement() as tx:

@@ -1,0 +1,134 @@
+"""The `recall` tool: the chat model looks up older conversation of its own session (issue 11).
+
+A thin caller of the store's one search query (store/search.py). The tool sees only
+the session of the turn it runs in (`ToolContext.session_id`); a child session sees its
+own messages, not its parent's (a child may run under a group that its user should not
+read through it). The result is `时间 [昵称(ID)] 正文` lines within RESULT_TOKENS, the
+matching messages with a line either side where the budget allows. The call and its
+result are stored as a tool group like any other (R-RUN-2), so compression handles them.
+Tool results are not indexed: a search never finds an earlier search's echo.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from nonebot_plugin_memsum.store import SearchHit, SearchQuery, Store
+from nonebot_plugin_memsum.store.search import match_expression, speaker_of, split_label
+from nonebot_plugin_memsum.types import Message
+
+from .tools import ToolContext, ToolRegistry
+
+RESULT_TOKENS = 1500
+"""What one recall result may cost the prompt."""
+DEFAULT_LIMIT = 8
+MAX_LIMIT = 20
+CONTEXT_LINES = 1
+NOTHING = "没有找到相关的聊天记录。"
+NO_TERMS = "关键词里没有可以搜索的文字（需要汉字、字母或数字）。"
+_DAY = re.compile(r"^(\d{4})-(\d{1,2})-(\d{1,2})(?:[ T](\d{1,2}):(\d{2}))?$")
+
+DESCRIPTION = (
+    "按关键词查找本会话较早的聊天记录原文（包括已被压缩进摘要的部分）。摘要里没有的细节"
+    "（链接、提取码、日期、谁说过什么）用它查。关键词用空格分开，每个都须出现；可按发言人"
+    "（QQ 号或昵称）和日期筛选。返回「时间 [昵称(ID)] 正文」，→ 标出命中的消息。"
+)
+PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "query": {"type": "string", "description": "关键词，如「提取码」「周末 烧烤」「12345」"},
+        "speaker": {"type": "string", "description": "只看这个人说的：QQ 号或昵称"},
+        "since": {"type": "string", "description": "从这天起，YYYY-MM-DD 或 YYYY-MM-DD HH:MM"},
+        "until": {"type": "string", "description": "到这天为止（含当天），格式同上"},
+        "limit": {"type": "integer", "description": f"最多几条，默认 {DEFAULT_LIMIT}，至多 {MAX_LIMIT}"},
+    },
+    "required": ["query"],
+}
+
+
+# ---- pure text ----------------------------------------------------------------------
+def parse_time(text: str, *, end: bool = False) -> float:
+    """A local date (`YYYY-MM-DD`, optionally with ` HH:MM`) as a unix time; with `end`, a bare
+    date means the end of that day (the start of the next). ValueError in Chinese."""
+    m = _DAY.match(text.strip())
+    if m is None:
+        raise ValueError(f"日期「{text}」的格式应为 YYYY-MM-DD 或 YYYY-MM-DD HH:MM")
+    year, month, day, hour, minute = m.groups()
+    try:
+        moment = datetime(int(year), int(month), int(day), int(hour or 0), int(minute or 0))
+    except ValueError:
+        raise ValueError(f"没有「{text}」这个日期") from None
+    if end and hour is None:
+        moment += timedelta(days=1)
+    return moment.timestamp()
+
+
+def line(m: Message) -> str:
+    """`时间 [昵称(ID)] 正文` (助手 and 通知 for the bot's own words and notices)."""
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(m.ts))
+    body = split_label(m.content)[2] if m.role == "user" else m.content
+    return f"{when} [{speaker_of(m.role, m.name, m.content)}] {body}"
+
+
+def render(hits: Sequence[SearchHit], budget: int, estimate: Callable[[str], int]) -> str:
+    """Best hits first, each with its neighbours in time order, within `budget` tokens. A hit
+    whose neighbours do not fit comes alone; a line already shown is not repeated."""
+    shown: set[int | None] = set()
+    blocks: list[str] = []
+    used = 0
+    for hit in hits:
+        if hit.message.id in shown:
+            continue
+        full = [*hit.before, hit.message, *hit.after]
+        for candidate in (full, [hit.message]):
+            lines = [("→ " if m is hit.message else "  ") + line(m) for m in candidate if m.id not in shown]
+            cost = estimate("\n".join(lines))
+            if used + cost <= budget:
+                blocks.append("\n".join(lines))
+                shown.update(m.id for m in candidate)
+                used += cost
+                break
+        else:
+            if not blocks:  # the best hit alone is over the budget: its head rather than nothing
+                blocks.append(("→ " + line(hit.message))[: max(1, budget)] + "…（过长，已截断）")
+                shown.add(hit.message.id)
+                used = budget
+    if not blocks:
+        return NOTHING
+    return f"找到 {len(blocks)} 处相关记录（按相关程度排列）：\n\n" + "\n\n".join(blocks)
+
+
+def query_of(session_id: str, args: dict[str, Any]) -> SearchQuery:
+    """The tool's JSON arguments as a search of the session; ValueError in Chinese."""
+    text = str(args.get("query") or "")
+    speaker = str(args["speaker"]).strip() if args.get("speaker") else None
+    if match_expression(text) is None and (speaker is None or match_expression(speaker) is None):
+        raise ValueError(NO_TERMS)
+    try:
+        limit = int(args.get("limit") or DEFAULT_LIMIT)
+    except (TypeError, ValueError):
+        raise ValueError("limit 须是整数") from None
+    return SearchQuery(
+        session_id=session_id,
+        text=text,
+        speaker=speaker.lstrip("@") if speaker else None,
+        since=parse_time(str(args["since"])) if args.get("since") else None,
+        until=parse_time(str(args["until"]), end=True) if args.get("until") else None,
+        limit=max(1, min(limit, MAX_LIMIT)),
+    )
+
+
+# ---- the tool -----------------------------------------------------------------------
+def register_recall_tool(registry: ToolRegistry, store: Store, estimate: Callable[[str], int]) -> None:
+    @registry.tool("recall", DESCRIPTION, PARAMETERS)
+    async def recall(ctx: ToolContext, args: dict[str, Any]) -> str:
+        try:
+            query = query_of(ctx.session_id, args)
+        except ValueError as err:
+            return f"错误：{err}"
+        hits = await store.search(query, context=CONTEXT_LINES)
+        return render(hits, RESULT_TOKENS, estimate)

@@ -1,0 +1,352 @@
+"""Full-text search over every stored message of a session, active and archived (issue 11).
+
+Chinese has no spaces, so the text is cut into terms here, in Python, and handed to an
+FTS5 table that only splits on the spaces we put in (`unicode61`):
+
+- a run of CJK characters becomes its overlapping bigrams plus its last character
+  (`提取码是` → 提取 取码 码是 是), so every two-character word is one term and a word of
+  n characters is a phrase of n − 1 consecutive bigrams; a one-character query is a
+  prefix query (`码*` finds 码 wherever it stands: as the head of a bigram or the end
+  of a run);
+- every other run of letters or digits is one term (QQ numbers, codes, English words,
+  the pieces of a URL), after NFKC (full-width letters) and lower-casing.
+
+Why this and not FTS5's `trigram` tokenizer or a segmenter: README, "Recall", and
+bench/bench_recall.py, which measures the three.
+
+The FTS table is contentless (`content=''`): the messages table already holds the
+text, so the index holds terms and positions only. Columns: `body` (the text without
+its `[昵称(ID)]` label), `who` (the speaker: label name and QQ number, 助手, 通知) and
+`sess` (one term naming the session, so the session filter is part of the FTS match).
+Only conversation text is indexed: user, assistant and notice messages. Tool results
+are not: a `recall` result quotes old messages, and indexing it would make every later
+search find its own echo.
+
+Kept in step with the messages table, whoever wrote to it: new messages are indexed in
+batches (`next_batch` / `commit_batch`) by a background task of the runtime, and every
+search first indexes what is still waiting, so a search always sees every stored
+message. Batches because an FTS5 insert in a transaction of its own costs about five
+times the message's own insert (a new index segment per transaction, then merges);
+a batch of many rows costs a fraction of that per row, and the terms are cut off the
+event loop. Archiving changes nothing (archived rows stay searchable). A clear of the
+context calls `forget` in the same transaction: the session's indexed rows leave the
+index and a watermark marks everything up to then as cleared, so nothing cleared is
+ever returned or indexed later. A database from before the index is indexed the same
+way, newest first, in the background (the migration only records how far).
+
+The term rules are part of the file format: a contentless FTS5 row is deleted by
+re-deriving its terms, so changing `terms()` needs a migration that rebuilds the index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import re
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiosqlite
+
+from nonebot_plugin_memsum.types import Message
+
+SEARCH_ROLES = ("user", "assistant", "notice")
+"""The roles whose messages are indexed (conversation text; not tool results)."""
+CANDIDATES = 2000
+"""Matches ranked per query, the newest: bounds the time a frequent word takes."""
+PRIOR_CHARS = 60
+DAY = 86400.0
+MAX_DAY_TERMS = 62
+
+_CJK_CHARS = (
+    "\u3040-\u30ff"  # kana
+    "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"  # CJK ideographs
+    "\uac00-\ud7af"  # hangul
+    "\U00020000-\U0003134f"  # CJK extensions B..
+)
+_RUNS = re.compile(rf"([{_CJK_CHARS}]+)|([^\W_{_CJK_CHARS}]+)")
+_LABEL = re.compile(r"\[([^\[\]\n]*)\((\d+)\)\] ?")
+_SPEAKER_WORDS = {"assistant": "助手", "notice": "通知"}
+
+
+# ---- terms (pure) -------------------------------------------------------------------
+def _runs(text: str) -> list[tuple[bool, str]]:
+    """(is CJK, run) in order, after NFKC and lower-casing."""
+    norm = unicodedata.normalize("NFKC", text).lower()
+    return [(m.group(1) is not None, m.group(0)) for m in _RUNS.finditer(norm)]
+
+
+def _cjk_terms(run: str) -> list[str]:
+    if len(run) == 1:
+        return [run]
+    return [run[i : i + 2] for i in range(len(run) - 1)] + [run[-1]]
+
+
+def terms(text: str) -> list[str]:
+    """The index terms of a text, in order."""
+    out: list[str] = []
+    for cjk, run in _runs(text):
+        out.extend(_cjk_terms(run) if cjk else [run])
+    return out
+
+
+def _phrase(word: str) -> str | None:
+    """One query word as an FTS5 phrase: its terms in a row, the last one open-ended where the
+    text may go on after it (a lone CJK character, a run of letters: `x7k` finds `x7k9`)."""
+    runs = _runs(word)
+    if not runs:
+        return None
+    out: list[str] = []
+    for cjk, run in runs[:-1]:
+        out.extend(_cjk_terms(run) if cjk else [run])
+    cjk, run = runs[-1]
+    prefix = False
+    if cjk:
+        # The text may go on after the word, so the run's own last-character term would
+        # not follow: n characters are the n − 1 bigrams, one character a prefix.
+        last = _cjk_terms(run)
+        out.extend(last[:-1] if len(run) > 1 else last)
+        prefix = len(run) == 1
+    else:
+        out.append(run)
+        prefix = not run.isdigit()  # a QQ number must not find a longer one
+    return '"' + " ".join(out) + '"' + ("*" if prefix else "")
+
+
+def match_expression(query: str) -> str | None:
+    """Every whitespace-separated word of `query` must occur (each as a phrase); None when
+    the query holds nothing searchable (only punctuation, emoji, blanks)."""
+    phrases = [p for w in query.split() if (p := _phrase(w)) is not None]
+    return " AND ".join(phrases) if phrases else None
+
+
+def session_term(session_id: str) -> str:
+    """One index term standing for the session (a hash: session ids contain separators)."""
+    return "s" + hashlib.blake2b(session_id.encode(), digest_size=8).hexdigest()
+
+
+def day_term(session: str, ts: float) -> str:
+    """One index term for the session's messages of one UTC day: a time filter of a few days
+    becomes part of the FTS match, so a frequent word in an old week is found without
+    walking every newer match. UTC, so a change of the server's time zone changes nothing."""
+    return f"{session}d{math.floor(ts / DAY)}"
+
+
+def split_label(content: str) -> tuple[str | None, str | None, str]:
+    """`[昵称(ID)] 正文` → (昵称, ID, 正文); (None, None, content) without a label."""
+    m = _LABEL.match(content)
+    if m is None:
+        return None, None, content
+    return m.group(1), m.group(2), content[m.end() :]
+
+
+def speaker_of(role: str, name: str | None, content: str) -> str:
+    """The label of who said it: `昵称(ID)` for users (the bare ID when unlabelled), 助手, 通知."""
+    if role != "user":
+        return _SPEAKER_WORDS.get(role, role)
+    nick, qq, _ = split_label(content)
+    return f"{nick}({qq})" if qq else (name or "")
+
+
+def indexable(role: str, event_marker: int | bool, content: str) -> bool:
+    """Conversation text: not tool results, not event markers, not a call's empty text."""
+    return role in SEARCH_ROLES and not event_marker and bool(content.strip())
+
+
+def document(session_id: str, role: str, name: str | None, content: str, ts: float) -> tuple[str, str, str]:
+    """(body, who, sess) as the index stores them."""
+    if role == "user":
+        nick, qq, body = split_label(content)
+        who = terms(f"{nick or ''} {qq or name or ''}")
+    else:
+        body, who = content, terms(_SPEAKER_WORDS.get(role, role))
+    session = session_term(session_id)
+    return " ".join(terms(body)), " ".join(who), f"{session} {day_term(session, ts)}"
+
+
+def documents(rows: Iterable[Sequence[Any]]) -> list[tuple[int, str, str, str]]:
+    """(id, body, who, sess) of the indexable rows among (id, session_id, role, name,
+    content, event_marker, ts); pure, so the backfill runs it off the event loop."""
+    return [(r[0], *document(r[1], r[2], r[3], r[4], r[6])) for r in rows if indexable(r[2], r[5], r[4])]
+
+
+# ---- the query ----------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    """One matching message, its bm25 score (lower is better) and its neighbours."""
+
+    message: Message
+    score: float
+    before: tuple[Message, ...] = ()
+    after: tuple[Message, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SearchQuery:
+    """What to look for in one session. `since`/`until` are unix times (until exclusive)."""
+
+    session_id: str
+    text: str = ""
+    speaker: str | None = None
+    since: float | None = None
+    until: float | None = None
+    limit: int = 10
+
+    def expression(self) -> str | None:
+        """The FTS5 match, or None when neither the text nor the speaker holds a term."""
+        parts: list[str] = []
+        if (text := match_expression(self.text)) is not None:
+            parts.append(f"body : ({text})")
+        if self.speaker is not None and (who := match_expression(self.speaker)) is not None:
+            parts.append(f"who : ({who})")
+        if not parts:
+            return None
+        session = session_term(self.session_id)
+        days = self._days()
+        if days is not None:
+            parts.append("sess : (" + " OR ".join(day_term(session, d * DAY) for d in days) + ")")
+        return " AND ".join([*parts, f"sess : {session}"])
+
+    def _days(self) -> range | None:
+        """The UTC days a short time range touches (None: no range, or a long one, which the
+        join's time check alone narrows)."""
+        if self.since is None or self.until is None or self.until <= self.since:
+            return None
+        first, last = math.floor(self.since / DAY), math.floor(math.nextafter(self.until, -math.inf) / DAY)
+        return range(first, last + 1) if last - first < MAX_DAY_TERMS else None
+
+
+def select_hits(columns: str) -> str:
+    """The ranked query. Candidates: the newest CANDIDATES matches (a frequent word costs the
+    same as a rare one); the join re-checks the session, the cleared watermark and the time,
+    so a row of another session or a cleared one can never come back even from a stale
+    index. Ranked by bm25 over the body (speaker and session terms weigh 0) times a length
+    prior, then the newest first.
+
+    The prior (pivoted length normalisation, Singhal, Buckley & Mitra, SIGIR 1996: longer
+    documents are more often relevant than bm25's normalisation credits): in a group chat
+    the message holding the information (the link, the date, the announcement) is longer
+    than the reactions that repeat its words ("链接呢？"). It grows with the length up to
+    PRIOR_CHARS characters and stays flat after."""
+    cols = ", ".join(c.strip() for c in columns.split(","))
+    inner = ", ".join(f"m.{c.strip()}" for c in columns.split(","))
+    return (
+        f"SELECT {cols}, rel * min(length(content), {PRIOR_CHARS}) AS score FROM ("
+        f"SELECT {inner}, bm25(search_index, 1.0, 0.0, 0.0) AS rel"
+        " FROM search_index JOIN messages m ON m.id = search_index.rowid"
+        " WHERE search_index MATCH ? AND m.session_id = ? AND m.id > ? AND m.ts >= ? AND m.ts < ?"
+        f" ORDER BY search_index.rowid DESC LIMIT {CANDIDATES})"
+        " ORDER BY score, id DESC LIMIT ?"
+    )
+
+
+def neighbours(columns: str, *, before: bool) -> str:
+    """Up to N conversation messages of the session next to an id, not cleared; one index
+    range per archived state (the index is (session_id, archived, id))."""
+    op, order = ("<", "DESC") if before else (">", "ASC")
+    one = (
+        f"SELECT {columns} FROM messages WHERE session_id = ? AND archived = {{a}} AND id {op} ?"
+        f" AND id > ? AND event_marker = 0 AND role IN {SEARCH_ROLES!r} AND trim(content) != ''"
+        f" ORDER BY id {order} LIMIT ?"
+    )
+    return f"SELECT * FROM ({one.format(a=0)}) UNION ALL SELECT * FROM ({one.format(a=1)})"
+
+
+async def cleared_upto(db: aiosqlite.Connection, session_id: str) -> int:
+    async with db.execute("SELECT upto FROM search_cleared WHERE session_id = ?", (session_id,)) as cur:
+        row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+# ---- keeping it in step -------------------------------------------------------------
+INSERT = "INSERT INTO search_index (rowid, body, who, sess) VALUES (?, ?, ?, ?)"
+_DOC_COLUMNS = "id, session_id, role, name, content, event_marker, ts"
+Doc = tuple[int, str, str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class IndexState:
+    """Messages with id <= old_upto were stored before the index existed and wait for the
+    backfill (it walks down); those in (old_upto, indexed_upto] are indexed (unless cleared
+    or not conversation text); those above indexed_upto are new and wait for the next batch."""
+
+    old_upto: int
+    indexed_upto: int
+    total_old: int
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Rows read for indexing: new ones (ids above indexed_upto) or old ones (a range below old_upto)."""
+
+    new: bool
+    low: int
+    high: int
+    rows: list[tuple[Any, ...]]
+
+
+async def state(db: aiosqlite.Connection) -> IndexState:
+    async with db.execute("SELECT old_upto, indexed_upto, total_old FROM search_state WHERE id = 1") as cur:
+        row = await cur.fetchone()
+    return IndexState(*(int(v) for v in row)) if row else IndexState(0, 0, 0)
+
+
+async def next_batch(db: aiosqlite.Connection, size: int, *, new_only: bool = False) -> Batch | None:
+    """The next rows to index: new messages first (oldest of them first), then the backfill
+    (newest of the old first, so recent history is searchable soonest)."""
+    at = await state(db)
+    rows = await db.execute_fetchall(
+        f"SELECT {_DOC_COLUMNS} FROM messages WHERE id > ? ORDER BY id LIMIT ?", (at.indexed_upto, size)
+    )
+    if rows:
+        return Batch(True, at.indexed_upto + 1, int(list(rows)[-1][0]), [tuple(r) for r in rows])
+    if new_only or at.old_upto <= 0:
+        return None
+    low = max(1, at.old_upto - size + 1)
+    rows = await db.execute_fetchall(
+        f"SELECT {_DOC_COLUMNS} FROM messages WHERE id BETWEEN ? AND ?", (low, at.old_upto)
+    )
+    return Batch(False, low, at.old_upto, [tuple(r) for r in rows])
+
+
+async def commit_batch(db: aiosqlite.Connection, batch: Batch, docs: Sequence[Doc]) -> IndexState:
+    """Index a prepared batch (inside a transaction), leaving out rows cleared meanwhile; a
+    batch another call has committed already is dropped."""
+    at = await state(db)
+    if (batch.new and at.indexed_upto != batch.low - 1) or (not batch.new and at.old_upto != batch.high):
+        return at
+    marks = {sid: await cleared_upto(db, sid) for sid in {r[1] for r in batch.rows}}
+    session_of = {r[0]: r[1] for r in batch.rows}
+    await db.executemany(INSERT, [d for d in docs if d[0] > marks[session_of[d[0]]]])
+    if batch.new:
+        await db.execute("UPDATE search_state SET indexed_upto = ? WHERE id = 1", (batch.high,))
+        return IndexState(at.old_upto, batch.high, at.total_old)
+    await db.execute("UPDATE search_state SET old_upto = ? WHERE id = 1", (batch.low - 1,))
+    return IndexState(batch.low - 1, at.indexed_upto, at.total_old)
+
+
+async def forget(db: aiosqlite.Connection, session_id: str) -> int:
+    """Everything the session stored so far is cleared (inside a transaction): its indexed
+    rows leave the index, and the watermark keeps them and any row not indexed yet out for
+    good. Returns how many rows left the index."""
+    wm = await cleared_upto(db, session_id)
+    at = await state(db)
+    rows = await db.execute_fetchall(
+        f"SELECT {_DOC_COLUMNS} FROM messages WHERE session_id = ? AND id > ? AND id <= ?",
+        (session_id, max(wm, at.old_upto), at.indexed_upto),
+    )
+    docs = await asyncio.to_thread(documents, rows)
+    # A contentless FTS5 row is deleted by naming the terms it was indexed with.
+    await db.executemany(
+        "INSERT INTO search_index (search_index, rowid, body, who, sess) VALUES ('delete', ?, ?, ?, ?)", docs
+    )
+    await db.execute(
+        "INSERT INTO search_cleared (session_id, upto)"
+        " SELECT ?, MAX(COALESCE((SELECT MAX(id) FROM messages WHERE session_id = ?), 0), ?)"
+        " ON CONFLICT (session_id) DO UPDATE SET upto = excluded.upto",
+        (session_id, session_id, wm),
+    )
+    return len(docs)
