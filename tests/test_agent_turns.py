@@ -24,7 +24,12 @@ from nonebot_plugin_memsum.agent.prompt import ANSWERED_LAST, hard_trim, safe_st
 from nonebot_plugin_memsum.agent.tools import TodoItem, ToolContext
 from nonebot_plugin_memsum.agent.turn import SILENT_RECORD, Entry
 from nonebot_plugin_memsum.config import Config, ModelConfig, Tier
-from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_text_tokens
+from nonebot_plugin_memsum.llm.tokens import (
+    MESSAGE_OVERHEAD,
+    REQUEST_OVERHEAD,
+    estimate_msg_tokens,
+    estimate_text_tokens,
+)
 from nonebot_plugin_memsum.runtime import Runtime
 from nonebot_plugin_memsum.types import Message, SessionRecord, ToolCall
 from tests.fakes.llm_server import API_KEY, Reply, ScriptedLLM
@@ -127,7 +132,8 @@ def tools_tokens(rt: Runtime) -> int:
 
 
 def system_tokens(*parts: str) -> int:
-    return sum(estimate_text_tokens(p) + 4 for p in parts)
+    """The system messages and the request's own priming (openai-cookbook's count)."""
+    return REQUEST_OVERHEAD + sum(estimate_text_tokens(p) + MESSAGE_OVERHEAD for p in parts)
 
 
 # ---- usage events ---------------------------------------------------------------------

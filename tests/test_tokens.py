@@ -226,20 +226,41 @@ def test_fallback_is_not_a_character_ratio(fresh: None, no_ranks: None) -> None:
     assert tokens.estimate_text_tokens("") == 0
 
 
-def test_message_estimate_counts_every_sent_field(fresh: None) -> None:
+def _wire_tokens(wire: dict[str, Any]) -> int:
+    """An independent count of one OpenAI chat message as sent: every text it carries."""
     est = tokens.estimate_text_tokens
-    msg = Message(
-        role="assistant",
-        content="我查一下天气",
-        name="小记",
-        tool_calls=(ToolCall("call_1", "weather", '{"city": "北京"}'), ToolCall("call_2", "todo", "{}")),
+    total = tokens.MESSAGE_OVERHEAD + est(wire.get("content") or "")
+    for call in wire.get("tool_calls") or ():
+        total += tokens.TOOL_CALL_OVERHEAD + est(call["id"])
+        total += est(call["function"]["name"]) + est(call["function"]["arguments"])
+    if wire.get("tool_call_id"):
+        total += est(wire["tool_call_id"])
+    return total
+
+
+def test_message_estimate_counts_what_goes_on_the_wire(fresh: None) -> None:
+    # Issue 9: the estimate counts exactly what to_openai sends; a user message's `name`
+    # (the sender's id, kept in the store) is never sent, so it is never counted.
+    from nonebot_plugin_memsum.agent.prompt import to_openai
+
+    messages = [
+        Message(role="user", content="[阿杰(11223344)] 今天爬山吗", name="11223344"),
+        Message(
+            role="assistant",
+            content="我查一下天气",
+            name="小记",
+            tool_calls=(ToolCall("call_1", "weather", '{"city": "北京"}'), ToolCall("call_2", "todo", "{}")),
+        ),
+        Message(role="tool", content="晴，25 度", name="weather", tool_call_id="call_1"),
+        Message(role="notice", content="阿杰(11223344) 加入了本群"),
+        Message(role="user", content=""),
+    ]
+    for m in messages:
+        assert tokens.estimate_msg_tokens(m) == _wire_tokens(to_openai(m)), m
+    labelled = messages[0]
+    assert tokens.estimate_msg_tokens(labelled) == tokens.estimate_msg_tokens(
+        Message(role="user", content=labelled.content)
     )
-    expected = tokens.MESSAGE_OVERHEAD + est("我查一下天气") + est("小记")
-    expected += est("weather") + est('{"city": "北京"}') + est("todo") + est("{}")
-    assert tokens.estimate_msg_tokens(msg) == expected
-    result = Message(role="tool", content="晴，25 度", tool_call_id="call_1")
-    assert tokens.estimate_msg_tokens(result) == tokens.MESSAGE_OVERHEAD + est("晴，25 度") + est("call_1")
-    assert tokens.estimate_msg_tokens(Message(role="user", content="")) == tokens.MESSAGE_OVERHEAD
 
 
 _NO_NETWORK = """

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+from nonebot_plugin_memsum.llm.tokens import MESSAGE_OVERHEAD, NOTICE_PREFIX, REQUEST_OVERHEAD
 from nonebot_plugin_memsum.types import Message
 
 CONTEXT_ANCHOR = "context"
@@ -161,7 +162,7 @@ def to_openai(m: Message) -> dict[str, Any]:
     if m.role == "system":
         return {"role": "system", "content": m.content}
     if m.role == "notice":
-        return {"role": "user", "content": f"[通知] {m.content}"}
+        return {"role": "user", "content": f"{NOTICE_PREFIX}{m.content}"}
     return {"role": "user", "content": m.content}
 
 
@@ -188,7 +189,7 @@ def assemble(
 ) -> Prompt:
     """System parts (persona, contributions, `context` last), then the trimmed history."""
     counted = sendable(count_trim(history, history_limit))
-    fixed = sum(estimate_text(p) + 4 for p in system_parts if p)
+    fixed = REQUEST_OVERHEAD + sum(estimate_text(p) + MESSAGE_OVERHEAD for p in system_parts if p)
     if tools:
         fixed += estimate_text(json.dumps(list(tools), ensure_ascii=False))
     costs = [estimate_msg(m) for m in counted]
@@ -205,6 +206,7 @@ def assemble(
         # before it; some APIs refuse a prompt that ends with the assistant, and the
         # model would read the question as answered.
         messages.append({"role": "user", "content": ANSWERED_LAST})
+        kept_tokens += estimate_text(ANSWERED_LAST) + MESSAGE_OVERHEAD
     return Prompt(
         messages=messages,
         history=kept,

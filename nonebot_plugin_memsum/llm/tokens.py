@@ -31,10 +31,18 @@ from tiktoken_ext.openai_public import ENDOFPROMPT, ENDOFTEXT, FIM_MIDDLE, FIM_P
 if TYPE_CHECKING:
     from nonebot_plugin_memsum.types import Message
 
-MESSAGE_OVERHEAD = 4
+MESSAGE_OVERHEAD = 3
 """Tokens one chat message costs beyond its text: OpenAI's chat format wraps each
-message in about 3 tokens (`<|start|>role…<|message|>…<|end|>`); 4 also covers the
-separators of names and tool-call fields, erring on the safe side."""
+message in 3 tokens (`<|start|>role<|message|>…<|end|>`, openai-cookbook
+"How to count tokens with tiktoken")."""
+REQUEST_OVERHEAD = 3
+"""Tokens a whole request costs beyond its messages: the reply is primed with
+`<|start|>assistant<|message|>` (same source)."""
+TOOL_CALL_OVERHEAD = 3
+"""Per tool call of an assistant message, beyond its id, name and arguments (the
+function wrapper); the cookbook gives no figure, so it errs on the safe side."""
+NOTICE_PREFIX = "[通知] "
+"""A notice goes to the model as a user message with this prefix (agent/prompt.py)."""
 
 FALLBACK = "fallback"
 
@@ -213,11 +221,16 @@ def estimate_text_tokens(text: str) -> int:
 
 
 def estimate_msg_tokens(msg: Message) -> int:
-    """Tokens one message takes in a request: its text fields plus MESSAGE_OVERHEAD."""
-    total = MESSAGE_OVERHEAD + estimate_text_tokens(msg.content)
-    if msg.name:
-        total += estimate_text_tokens(msg.name)
+    """Tokens one message takes in a request: what goes on the wire, plus MESSAGE_OVERHEAD.
+
+    Only the fields `agent.prompt.to_openai` sends: never `Message.name` (the sender's
+    id of a user message stays in the store), a notice with its prefix, an assistant's
+    calls with their ids, a tool result with the id it answers.
+    """
+    content = NOTICE_PREFIX + msg.content if msg.role == "notice" else msg.content
+    total = MESSAGE_OVERHEAD + estimate_text_tokens(content)
     for call in msg.tool_calls:
+        total += TOOL_CALL_OVERHEAD + estimate_text_tokens(call.id)
         total += estimate_text_tokens(call.name) + estimate_text_tokens(call.arguments)
     if msg.tool_call_id:
         total += estimate_text_tokens(msg.tool_call_id)
