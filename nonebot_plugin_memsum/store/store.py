@@ -26,6 +26,7 @@ from nonebot_plugin_memsum import clock
 from nonebot_plugin_memsum.types import Message, SessionRecord, ToolCall
 
 from . import search
+from .cache import HistoryCache
 from .migrations import SchemaTooNewError, migrate
 from .search import SearchHit, SearchQuery
 
@@ -136,13 +137,22 @@ async def _rollback(db: aiosqlite.Connection) -> None:
 
 
 class Tx:
-    """The steps of one open transaction; valid only inside `Store.transaction()`."""
+    """The steps of one open transaction; valid only inside `Store.transaction()`.
 
-    __slots__ = ("_db", "_open")
+    It notes which sessions' messages it wrote, so the store's history cache stays
+    true: a method that changes rows of `messages` calls `_touched()` (or, for a plain
+    append, `_appended`), nothing else is needed.
+    """
+
+    __slots__ = ("_appended", "_db", "_open", "_touched")
 
     def __init__(self, db: aiosqlite.Connection) -> None:
         self._db = db
         self._open = True
+        self._appended: list[tuple[str, Message]] = []
+        """Messages appended, in order: the cache extends a cached history with them."""
+        self._touched: set[str] = set()
+        """Sessions whose rows changed otherwise: their cached history is dropped."""
 
     def _end(self) -> None:
         self._open = False
@@ -206,7 +216,9 @@ class Tx:
             await self._fetch(
                 search.INSERT, (new_id, *search.document(session_id, msg.role, msg.name, msg.content, ts))
             )
-        return replace(msg, id=new_id, ts=ts)
+        stored = replace(msg, id=new_id, ts=ts)
+        self._appended.append((session_id, stored))
+        return stored
 
     async def get_history(self, session_id: str, limit: float = math.inf) -> list[Message]:
         """The last `limit` active messages of the session, in storage order."""
@@ -248,6 +260,7 @@ class Tx:
         )
         if len(rows) < count:
             raise StoreError(f"archive span of {count} messages, but the session has only {len(rows)} active")
+        self._touched.add(session_id)
         # R-RUN-12: kept originals are not written to at all.
         to_archive = [(r[0],) for i, r in enumerate(rows) if i not in kept]
         db = self._live()
@@ -282,6 +295,7 @@ class Tx:
         if kind not in ("context", "summary"):
             raise StoreError(f"unknown clear kind {kind!r}; allowed: context, summary")
         if kind == "context":
+            self._touched.add(session_id)
             await self._fetch(
                 "UPDATE messages SET archived = 1 WHERE session_id = ? AND archived = 0", (session_id,)
             )
@@ -454,6 +468,8 @@ class Store:
         """The task inside `transaction()`, to refuse a nested call that would wait on itself."""
         self._sessions: dict[str, SessionRecord] = {}
         """Session records seen; they never change once written."""
+        self._history = HistoryCache()
+        """Active histories, kept in step by every write that goes through a Tx."""
 
     @property
     def path(self) -> Path:
@@ -506,6 +522,7 @@ class Store:
             db, self._db = self._db, None
             if db is None:
                 return
+            self._history = HistoryCache()
             try:
                 await db.close()
             except sqlite3.Error as err:
@@ -532,6 +549,10 @@ class Store:
                 # ROLLBACK lands after whatever a cancelled await had already queued.
                 await _rollback(db)
                 raise
+            finally:
+                # Committed or not (a COMMIT interrupted by cancellation may still land),
+                # the next read of a session this wrote comes from the file.
+                self._forget(tx, applied=False)
 
     @contextlib.asynccontextmanager
     async def _statement(self) -> AsyncIterator[Tx]:
@@ -544,10 +565,27 @@ class Store:
         """
         async with self._held() as db:
             tx = Tx(db)
+            applied = False
             try:
                 yield tx
+                applied = True
             finally:
                 tx._end()
+                self._forget(tx, applied=applied)
+
+    def _forget(self, tx: Tx, *, applied: bool) -> None:
+        """Bring the history cache in step with what `tx` wrote.
+
+        `applied`: its appends are durable (a lone statement that completed), so a
+        cached history is extended with them; else their sessions are dropped.
+        """
+        for session_id, msg in tx._appended:
+            if applied:
+                self._history.append(session_id, msg)
+            else:
+                self._history.drop(session_id)
+        for session_id in tx._touched:
+            self._history.drop(session_id)
 
     @contextlib.asynccontextmanager
     async def _held(self) -> AsyncIterator[aiosqlite.Connection]:
@@ -591,8 +629,16 @@ class Store:
             return await tx.append(session_id, msg)
 
     async def get_history(self, session_id: str, limit: float = math.inf) -> list[Message]:
+        """From the history cache when the session is in it; a whole read fills it."""
         async with self._statement() as tx:
-            return await tx.get_history(session_id, limit)
+            cached = self._history.get(session_id)
+            if cached is None:
+                if limit != math.inf:
+                    return await tx.get_history(session_id, limit)
+                cached = await tx.get_history(session_id)
+                self._history.put(session_id, cached)
+            n = _sql_limit(limit)
+            return cached[-n:] if 0 < n < len(cached) else list(cached) if n else []
 
     async def count_active(self, session_id: str) -> int:
         async with self._statement() as tx:

@@ -1,0 +1,95 @@
+"""The active history of recently busy sessions, kept decoded in memory.
+
+A turn reads the whole active history once per model call, and the compression reads
+it again; decoding every row from SQLite each time (JSON of tool calls and metadata
+included) was most of a turn's bookkeeping. The store keeps each session's tail here:
+a write through the store appends to it, anything else that changes a session's rows
+(archiving, clearing, a rolled-back transaction) drops it, and the next read reloads
+it once. Bounded by sessions and by approximate bytes, least recently used first out.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from nonebot_plugin_memsum.types import Message
+
+MAX_SESSIONS = 256
+MAX_BYTES = 64 << 20
+_PER_MESSAGE = 256
+"""Bytes a decoded Message costs beyond its text (the object, its fields, the list slot)."""
+
+
+def message_bytes(m: Message) -> int:
+    """Approximate memory of one decoded message (CPython keeps CJK text at 2 bytes a character)."""
+    text = len(m.content) + sum(len(c.arguments) + len(c.name) for c in m.tool_calls)
+    return _PER_MESSAGE + 2 * text
+
+
+@dataclass
+class _Entry:
+    messages: list[Message]
+    size: int
+
+
+@dataclass
+class HistoryCache:
+    """Session id → its active history in storage order, LRU by sessions and bytes."""
+
+    max_sessions: int = MAX_SESSIONS
+    max_bytes: int = MAX_BYTES
+    _entries: OrderedDict[str, _Entry] = field(default_factory=OrderedDict)
+    _bytes: int = 0
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes
+
+    def __contains__(self, session_id: str) -> bool:
+        return session_id in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, session_id: str) -> list[Message] | None:
+        """The cached history (the cache's own list: copy before handing it out)."""
+        entry = self._entries.get(session_id)
+        if entry is None:
+            return None
+        self._entries.move_to_end(session_id)
+        return entry.messages
+
+    def put(self, session_id: str, messages: list[Message]) -> None:
+        self.drop(session_id)
+        entry = _Entry(messages, sum(map(message_bytes, messages)))
+        if entry.size > self.max_bytes:
+            return  # one session alone over the bound: read it from the store each time
+        self._entries[session_id] = entry
+        self._bytes += entry.size
+        self._evict()
+
+    def append(self, session_id: str, msg: Message) -> None:
+        """A message just stored for the session, if its history is cached."""
+        entry = self._entries.get(session_id)
+        if entry is None:
+            return
+        size = message_bytes(msg)
+        entry.messages.append(msg)
+        entry.size += size
+        self._bytes += size
+        self._entries.move_to_end(session_id)
+        self._evict()
+
+    def drop(self, session_id: str) -> None:
+        entry = self._entries.pop(session_id, None)
+        if entry is not None:
+            self._bytes -= entry.size
+
+    def _evict(self) -> None:
+        while self._entries and (len(self._entries) > self.max_sessions or self._bytes > self.max_bytes):
+            _, entry = self._entries.popitem(last=False)
+            self._bytes -= entry.size
+
+
+__all__ = ["HistoryCache", "message_bytes"]
