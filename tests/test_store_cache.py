@@ -61,7 +61,8 @@ async def test_a_whole_read_is_served_from_memory_and_store_writes_extend_it(sto
     appended = await store.append(SID, Message(role="assistant", content="", tool_calls=(call,), ts=9.0))
     history = await store.get_history(SID)
     assert _texts(history) == ["m0", "m1", "m2", ""]
-    assert history[-1] == appended and history[-1].id is not None
+    assert history[-1] == appended
+    assert history[-1].id is not None
     assert history[:3] == first
     assert _texts(await store.get_history(SID, 2)) == ["m2", ""]
     assert await store.get_history(SID, 0) == []
@@ -96,10 +97,13 @@ async def test_a_rolled_back_transaction_leaves_no_phantom(store: Store) -> None
     class Boom(Exception):
         pass
 
-    with pytest.raises(Boom):
+    async def write_then_fail() -> None:
         async with store.transaction() as tx:
             await tx.append(SID, Message(role="user", content="phantom", ts=8.0))
             raise Boom
+
+    with pytest.raises(Boom):
+        await write_then_fail()
     assert _texts(await store.get_history(SID)) == ["m0", "m1", "m2"]
 
 
@@ -137,12 +141,17 @@ def test_the_cache_is_bounded_by_sessions_and_bytes_least_recently_used_first() 
     cache.put("b", [msg])
     assert cache.get("a") == [msg]  # a is now the most recent
     cache.put("c", [msg])
-    assert "b" not in cache and "a" in cache and "c" in cache
+    assert "b" not in cache
+    assert "a" in cache
+    assert "c" in cache
     for _ in range(9):  # a's one and c's ten: over the bytes, so the older session goes
         cache.append("c", msg)
-    assert "a" not in cache and len(cache.get("c") or []) == 10
+    assert "a" not in cache
+    assert len(cache.get("c") or []) == 10
     assert cache.size_bytes == 10 * message_bytes(msg)
     cache.put("huge", [msg] * 11)  # one session over the byte bound is not kept at all
-    assert "huge" not in cache and cache.size_bytes == 10 * message_bytes(msg)
+    assert "huge" not in cache
+    assert cache.size_bytes == 10 * message_bytes(msg)
     cache.drop("c")
-    assert len(cache) == 0 and cache.size_bytes == 0
+    assert len(cache) == 0
+    assert cache.size_bytes == 0
