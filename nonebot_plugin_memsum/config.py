@@ -110,6 +110,10 @@ class Config(BaseModel):
     """Automatic compression line, a fraction of the window; 0 = off (R-CFG-1/4)."""
     memsum_summary_budget_ratio: float = Field(default=0.1, ge=0, le=0.5)
     """Summary budget as a fraction of the compression line (R-BUD-1)."""
+    memsum_capacity: Literal["measured", "spec"] = "measured"
+    """How much conversation one summary request carries: `measured` counts token estimates
+    (with a margin) and the summary's real size; `spec` is R-RUN-9's literal rule (2 tokens
+    a character, the summary counted as the whole physical cap)."""
     memsum_history_limit: int = Field(default=0, ge=0)
     """Count line and the number of history messages sent to the model; 0 = off."""
     memsum_trim_ratio: float = Field(default=1.0, gt=0, le=1)

@@ -309,7 +309,13 @@ async def bot_a(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
 @pytest.fixture(scope="module")
 async def bot_b(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
     workdir = tmp_path_factory.mktemp("bot-b")
-    settings = {"MEMSUM_HISTORY_LIMIT": "6", "MEMSUM_SUMMARY_BUDGET_RATIO": "0.5", "MEMSUM_LLM_TIMEOUT": "2"}
+    # MEMSUM_CAPACITY=spec: this bot's small summary window checks R-RUN-9's literal rule.
+    settings = {
+        "MEMSUM_HISTORY_LIMIT": "6",
+        "MEMSUM_SUMMARY_BUDGET_RATIO": "0.5",
+        "MEMSUM_LLM_TIMEOUT": "2",
+        "MEMSUM_CAPACITY": "spec",
+    }
     async with _launch(workdir, 32000, ("test/tiny", 8000), **settings) as started:
         yield started
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from fractions import Fraction
 
@@ -291,3 +292,79 @@ def test_r_run_9_10_chunked_requests_always_fit(
     assert plan.done
     assert all(u in units for u in plan.result().kept)
     event(f"requests: {min(plan.requests, 3)}")
+
+
+# ---- issue 9: chunk boundaries and the measured rule --------------------------------------------
+def test_r_run_10_a_long_unit_is_cut_at_line_then_sentence_then_word_boundaries() -> None:
+    from nonebot_plugin_memsum.compression.request import cut_at, split_text
+
+    lines = "第一行说完了\n第二行也说完了\n第三行"
+    assert cut_at(lines, 12) == lines.index("\n") + 1  # after the last line break that fits
+    assert cut_at(lines, 16) == lines.index("\n", 7) + 1
+    sentences = "今天天气很好。我们去爬山吧！好不好"
+    assert cut_at(sentences, 15) == sentences.index("！") + 1
+    english = "please remember the meeting tomorrow afternoon"
+    end = cut_at(english, 20)
+    assert english[:end] == "please remember the "
+    assert cut_at("短", 10) == 1
+    # One word longer than the piece: cut hard, nothing lost.
+    word = "x" * 50
+    assert split_text(word, lambda t: len(t) <= 20, 20) == ["x" * 20, "x" * 20, "x" * 10]
+    paste = "\n".join(f'File "bot{i}.py", line {i}, in handler' for i in range(40))
+    pieces = split_text(paste, lambda t: len(t) <= 200, 200)
+    assert "".join(pieces) == paste
+    assert all(len(p) <= 200 for p in pieces)
+    assert all(p.endswith("\n") for p in pieces[:-1])  # every cut at a line end
+
+
+@given(st.text(alphabet="ab 。\n中文", min_size=1, max_size=300), st.integers(1, 60))
+def test_r_run_10_pieces_join_back_and_fit(text: str, size: int) -> None:
+    from nonebot_plugin_memsum.compression.request import split_text
+
+    pieces = split_text(text, lambda t: len(t) <= size, size)
+    assert "".join(pieces) == text
+    assert all(1 <= len(p) <= size for p in pieces)
+
+
+def test_measured_rule_splits_a_paste_at_lines_and_every_request_fits() -> None:
+    from nonebot_plugin_memsum.compression.request import MARGIN
+
+    paste = user("\n".join(f"第{i}行：日志内容 value={i}" for i in range(400)))
+    units = build_units([user("开头"), paste, user("结尾")])
+    window = 4000
+    plan = ChunkPlan.start(
+        units=units,
+        template=CHAT,
+        budget=BUDGET,
+        summary_window=window,
+        existing_summary="",
+        todos=None,
+        est=EST,
+        rule="measured",
+    )
+    texts: list[str] = []
+    while not plan.done:
+        req = plan.next_request()
+        tokens = 3 + sum(EST.text(m["content"]) + 3 for m in req.messages)
+        assert MARGIN * tokens + req.max_tokens <= window
+        texts.append(req.messages[1]["content"])
+        plan = plan.after_reply(keep(summary="## 最近在聊什么\n摘要"))
+    assert len(texts) > 2
+    for text in texts:
+        body = text.split("〔对话记录开始〕\n", 1)[1].split("\n〔对话记录结束〕", 1)[0]
+        for piece in body.split("\n\n"):
+            piece = re.sub(r"^#\d+〔约 \d+ token〕", "", piece).strip()
+            assert piece in ("开头", "结尾") or piece.startswith("第"), piece[:20]  # cut at line starts
+    # under the literal rule from here: the same queue, smaller requests
+    spec = ChunkPlan.start(
+        units=units,
+        template=CHAT,
+        budget=BUDGET,
+        summary_window=window,
+        existing_summary="",
+        todos=None,
+        est=EST,
+        rule="measured",
+    ).under_spec_rule()
+    assert spec.rule == "spec"
+    assert spec.capacity == start(units, window, template=CHAT).capacity

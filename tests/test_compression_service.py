@@ -9,6 +9,7 @@ is a state the test controls rather than a race it hopes to win.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import random
 import re
@@ -33,7 +34,12 @@ from nonebot_plugin_memsum.agent.events import (
 )
 from nonebot_plugin_memsum.agent.tools import TodoItem, ToolContext
 from nonebot_plugin_memsum.agent.turn import Entry
-from nonebot_plugin_memsum.compression.request import EMPTY_SUMMARY, REFUSED_WINDOW, CompressionError
+from nonebot_plugin_memsum.compression.request import (
+    EMPTY_SUMMARY,
+    MARGIN,
+    REFUSED_WINDOW,
+    CompressionError,
+)
 from nonebot_plugin_memsum.compression.service import (
     BUSY,
     CHANGED,
@@ -697,7 +703,7 @@ async def test_r_bud_5_physical_cap_wins_over_the_floor(make: Make) -> None:
 async def test_r_bud_7_max_tokens_at_most_the_physical_cap(make: Make) -> None:
     # Window 6002: physical cap 1500.5; more than 1000.33 to compress, so the budget is ⅔ of the
     # cap, 1000.33, and ⌈1.5 × budget⌉ = 1501 is over the cap: max_tokens is 1500.
-    env = await make(summary={"context_window": 6002})
+    env = await make(summary={"context_window": 6002}, memsum_capacity="spec")
     await seed(env.rt, 12, size=110)
     assert units_tokens(await env.rt.store.get_history(GROUP.id)) > 1001
     await env.rt.compression.compress(GROUP.id)
@@ -908,7 +914,7 @@ async def test_r_back_2_none_kept_when_messages_after_the_cut_reach_half(make: M
 # ---- R-RUN-10 chunking end to end ----------------------------------------------------------------
 async def test_r_run_10_chunked_requests_each_fit_and_give_one_summary(make: Make) -> None:
     window = 6000
-    env = await make(summary={"context_window": window})
+    env = await make(summary={"context_window": window}, memsum_capacity="spec")
     rt, model = env.rt, env.model
     history = await seed(rt, 80, size=80)
     replies: list[str] = []
@@ -941,6 +947,85 @@ async def test_r_run_10_chunked_requests_each_fit_and_give_one_summary(make: Mak
     active = [m for m in await rt.store.get_history(GROUP.id) if m.is_conversation]
     assert [m.content for m in active] == [chosen]
     assert result.archived == len(history) - 1
+
+
+# ---- the measured capacity (issue 9) and the retry under R-RUN-9's literal rule ---------------
+# OpenAI's answer to a request longer than the context, as its API reference and the openai-python
+# SDK's BadRequestError carry it (code `context_length_exceeded`; message form as collected in
+# pkdone/paul-genai-test-tools-ts src/llm/providers/openai/openai-error-patterns.ts).
+CONTEXT_TOO_LONG = Reply(
+    status=400,
+    raw=json.dumps(
+        {
+            "error": {
+                "message": "This model's maximum context length is 6000 tokens. However, your messages"
+                " resulted in 6817 tokens. Please reduce the length of the messages.",
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "context_length_exceeded",
+            }
+        }
+    ),
+)
+
+
+def literal_fit(body: dict[str, Any], window: int) -> bool:
+    """R-RUN-9's literal rule: 2 × characters besides the summary + physical cap + max_tokens ≤ window."""
+    characters = len(system_of(body)) + len(user_of(body)) - len(existing_summary_of(body))
+    return 2 * characters + window // 4 + body["max_tokens"] <= window
+
+
+def measured_fit(body: dict[str, Any], window: int) -> bool:
+    """MARGIN × the request's o200k tokens (as the server would count them) + max_tokens ≤ window."""
+    tokens = 3 + sum(estimate_text_tokens(m["content"]) + 3 for m in body["messages"])
+    return math.ceil(MARGIN * tokens) + body["max_tokens"] <= window
+
+
+async def test_measured_capacity_fills_requests_by_tokens_and_every_one_fits(make: Make) -> None:
+    window = 6000
+    spec = await make(summary={"context_window": window}, memsum_capacity="spec")
+    measured = await make(summary={"context_window": window})
+    for env in (spec, measured):
+        await seed(env.rt, 80, size=80)
+        await env.rt.compression.compress(GROUP.id)
+    literal, by_tokens = spec.model.summary_requests(), measured.model.summary_requests()
+    assert all(literal_fit(b, window) for b in literal)
+    assert all(measured_fit(b, window) for b in by_tokens)
+    # The same history in fewer, fuller requests: CJK runs near 1 token a character, not 2,
+    # and the summary is counted at its size, not as the whole physical cap.
+    assert 2 * len(by_tokens) <= len(literal)
+    assert not all(literal_fit(b, window) for b in by_tokens)
+    # One way of counting per run, whatever the default.
+    assert spec.rt.config.memsum_capacity == "spec"
+    assert measured.rt.config.memsum_capacity == "measured"
+
+
+async def test_context_too_long_retries_that_request_under_the_literal_rule(make: Make) -> None:
+    window = 6000
+    env = await make(summary={"context_window": window})
+    await seed(env.rt, 80, size=80)
+    env.model.summary.append(CONTEXT_TOO_LONG)
+    result = await env.rt.compression.compress(GROUP.id)
+    assert result.outcome == "done"
+    first, *rest = env.model.summary_requests()
+    assert measured_fit(first, window)
+    assert not literal_fit(first, window)
+    # The refused request's conversation comes again, now sized by the literal rule.
+    assert rest
+    assert all(literal_fit(b, window) for b in rest)
+    assert conversation_of(rest[0]).split("\n\n")[0] == conversation_of(first).split("\n\n")[0]
+    assert env.phases() == [("start", None), ("done", None)]
+    assert env.failure_warnings() == []
+
+
+async def test_context_too_long_under_the_literal_rule_fails_the_run(make: Make) -> None:
+    env = await make(summary={"context_window": 6000})
+    await seed(env.rt, 80, size=80)
+    env.model.summary_default = CONTEXT_TOO_LONG
+    with pytest.raises(CompressionError, match="maximum context length"):
+        await env.rt.compression.compress(GROUP.id)
+    assert len(env.model.summary_requests()) == 2  # the measured request, then once under the rule
+    assert await summary_of(env.rt) is None
 
 
 # ---- R-FAIL --------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from nonebot_plugin_memsum import clock
 from nonebot_plugin_memsum.compression.budget import compression_line
 from nonebot_plugin_memsum.config import Config
 from nonebot_plugin_memsum.llm import LLMClient, LLMError, LLMLengthLimit, Registry
-from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_text_tokens
+from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_stored, estimate_text_tokens
 from nonebot_plugin_memsum.settings import Settings
 from nonebot_plugin_memsum.store import Store
 from nonebot_plugin_memsum.types import Message, SessionRecord, ToolCall
@@ -326,11 +326,6 @@ class Agent:
             ctx.session_id,
             Message(role="tool", content=output, name=call.name, tool_call_id=call.id, ts=clock.now()),
         )
-
-
-def estimate_stored(m: Message) -> int:
-    """The estimate taken when the message was stored; computed for older rows and copies."""
-    return m.tokens if m.tokens is not None else estimate_msg_tokens(m)
 
 
 async def _quietly(reply: ReplyFn, text: str) -> None:

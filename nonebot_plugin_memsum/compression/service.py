@@ -30,13 +30,13 @@ from nonebot_plugin_memsum.agent.turn import Agent, Entry
 from nonebot_plugin_memsum.compression.budget import compression_line, compute_budget
 from nonebot_plugin_memsum.compression.keep import apply_count_rule
 from nonebot_plugin_memsum.compression.parse import parse_reply
-from nonebot_plugin_memsum.compression.request import ChunkPlan, CompressionError
+from nonebot_plugin_memsum.compression.request import ChunkPlan, CompressionError, is_context_too_long
 from nonebot_plugin_memsum.compression.templates import choose_template
 from nonebot_plugin_memsum.compression.trigger import Backoff, UsageFacts, compression_due
 from nonebot_plugin_memsum.compression.units import Estimators, Unit, build_units, cut_point, has_conversation
 from nonebot_plugin_memsum.config import Config
-from nonebot_plugin_memsum.llm import LLMClient, LLMError, LLMLengthLimit, Registry
-from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_text_tokens
+from nonebot_plugin_memsum.llm import LLMClient, LLMError, LLMLengthLimit, LLMStatusError, Registry
+from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_stored, estimate_text_tokens
 from nonebot_plugin_memsum.settings import Settings
 from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE, Store, StoreError
 from nonebot_plugin_memsum.types import Message
@@ -58,7 +58,12 @@ INJECTION_HEAD = (
     "保留的原文（如果有）按原来的时间顺序排在之后的历史开头，内容已在下面的摘要里概括过，"
     "并不是摘要之后才发生的。以下是本会话较早对话的摘要："
 )
-ESTIMATORS = Estimators(text=estimate_text_tokens, msg=estimate_msg_tokens)
+# The keep cost N (R-RUN-6) and the measured capacity use the estimates stored per message.
+ESTIMATORS = Estimators(text=estimate_text_tokens, msg=estimate_stored)
+
+
+class _ContextTooLong(Exception):
+    """The provider refused a summary request as longer than its context."""
 
 
 class _Cleared(Exception):
@@ -480,11 +485,21 @@ class CompressionService:
             existing_summary=old_text,
             todos=todos,
             est=ESTIMATORS,
+            rule=self.config.memsum_capacity,
         )
         effort = model.thinking_levels[0] if model.thinking_levels else None  # R-RUN-5: shallowest
         while not plan.done:
             request = plan.next_request()
-            reply = await self._ask(run, model, request.messages, request.max_tokens, effort, session_id)
+            try:
+                reply = await self._ask(run, model, request.messages, request.max_tokens, effort, session_id)
+            except _ContextTooLong as err:
+                if plan.rule == "spec":
+                    raise CompressionError(f"摘要模型出错：{err}") from None
+                # The provider's tokenizer counts more than the margin allows: that request
+                # again, and the rest of the run, under R-RUN-9's literal rule.
+                logger.info(f"memsum: {session_id}: {err}; retrying under the literal capacity rule")
+                plan = plan.under_spec_rule()
+                continue
             plan = plan.after_reply(parse_reply(reply))
         outcome = plan.result()
         for warning in outcome.warnings:
@@ -528,6 +543,8 @@ class CompressionService:
         except LLMLengthLimit:
             raise CompressionError("摘要在输出上限处被截断") from None  # R-FAIL-1
         except LLMError as err:
+            if isinstance(err, LLMStatusError) and is_context_too_long(err.status, str(err)):
+                raise _ContextTooLong(str(err)) from err
             raise CompressionError(f"摘要模型出错：{err}") from err
         if run.cancelled.is_set():
             raise _Cleared

@@ -51,6 +51,8 @@ class Part:
     """N: tokens the unit's stored messages take kept verbatim."""
     text: str
     """As written in the request: 「#编号〔约 N token〕」 + text when numbered."""
+    tokens: int
+    """Estimated o200k tokens of `text` (the measured capacity rule counts these)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,21 +187,32 @@ def annotate(number: int, cost: int, text: str) -> str:
     return f"#{number}〔约 {cost} token〕{text}"
 
 
-def number_units(units: Sequence[Unit], *, keep_cap: int, capacity: int, est: Estimators) -> list[Part]:
+def number_units(
+    units: Sequence[Unit], *, keep_cap: int, capacity: int, est: Estimators, measured: bool = False
+) -> list[Part]:
     """R-RUN-6: number the units that may be kept verbatim, 1, 2, … in time order.
 
     Not numbered: incomplete shapes, a unit costing more than the keep cap kept
-    verbatim, a unit whose annotated text is over half the request capacity. With a
-    keep cap of 0 nothing is numbered (R-BUD-4: ratio 0 keeps nothing).
+    verbatim, a unit whose annotated text is over half the request capacity
+    (characters, or with `measured` estimated tokens). With a keep cap of 0 nothing
+    is numbered (R-BUD-4: ratio 0 keeps nothing).
+
+    A part's tokens come from the estimates the store keeps per message (each covers
+    its message's framing, which pays for the separator and the 「助手: 」 prefix; a
+    line break in the rendering adds one for its indentation), so a long history is
+    not tokenised again.
     """
     parts: list[Part] = []
     number = 1
+    annotation = est.text(annotate(99999, 99999, ""))
     for u in units:
         cost = sum(est.msg(m) for m in u.messages)
+        tokens = cost + u.text.count("\n")
         annotated = annotate(number, cost, u.text)
-        if u.complete and keep_cap > 0 and cost <= keep_cap and 2 * len(annotated) <= capacity:
-            parts.append(Part(u, number, cost, annotated))
+        size = tokens + annotation if measured else len(annotated)
+        if u.complete and keep_cap > 0 and cost <= keep_cap and 2 * size <= capacity:
+            parts.append(Part(u, number, cost, annotated, tokens + annotation))
             number += 1
         else:
-            parts.append(Part(u, None, cost, u.text))
+            parts.append(Part(u, None, cost, u.text, tokens))
     return parts

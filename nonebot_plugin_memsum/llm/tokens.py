@@ -237,6 +237,11 @@ def estimate_msg_tokens(msg: Message) -> int:
     return total
 
 
+def estimate_stored(msg: Message) -> int:
+    """The estimate taken when the message was stored; computed for older rows and copies."""
+    return msg.tokens if msg.tokens is not None else estimate_msg_tokens(msg)
+
+
 def _build(name: str) -> tiktoken.Encoding:
     spec = _SPECS.get(name)
     if spec is None:
