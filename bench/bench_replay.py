@@ -189,10 +189,15 @@ class Replay:
 async def replay(log: list[dict[str, Any]], window: int, server: Server, spec: bool) -> Replay:
     out = Replay(window)
     tmp = Path(tempfile.mkdtemp(prefix="memsum-replay-"))
-    model = ModelConfig(
-        id="bench/fake", base_url=f"http://127.0.0.1:{server.port}/v1", api_key="sk-bench",
-        context_window=window, max_output_tokens=4096,
-    )  # fmt: skip
+    model = ModelConfig.model_validate(
+        {
+            "id": "bench/fake",
+            "base_url": f"http://127.0.0.1:{server.port}/v1",
+            "api_key": "sk-bench",
+            "context_window": window,
+            "max_output_tokens": 4096,
+        }
+    )
     config = Config(
         memsum_models=[model], memsum_persona=PERSONA, memsum_capacity="spec" if spec else "measured"
     )
