@@ -91,6 +91,12 @@ async def test_clearing_drops_the_cached_history(store: Store) -> None:
     assert _texts(await store.get_history(SID)) == ["again"]
 
 
+async def test_deleting_the_session_drops_the_cached_history(store: Store) -> None:
+    await _filled(store)
+    await store.delete_session(SID)
+    assert await store.get_history(SID) == []
+
+
 async def test_a_rolled_back_transaction_leaves_no_phantom(store: Store) -> None:
     await _filled(store)
 

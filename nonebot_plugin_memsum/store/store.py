@@ -307,6 +307,7 @@ class Tx:
         metadata entry keyed by its id (summary, last run, todos, back-off, usage), its own
         settings and its record. The usage ledger stays: it is what was paid. Its rows leave
         the search index first (their terms are read from the rows being deleted)."""
+        self._touched.add(session_id)
         await search.forget(self._live(), session_id)
         for sql in (
             "DELETE FROM messages WHERE session_id = ?",
