@@ -140,7 +140,7 @@ class Tx:
     """The steps of one open transaction; valid only inside `Store.transaction()`.
 
     It notes which sessions' messages it wrote, so the store's history cache stays
-    true: a method that changes rows of `messages` calls `_touched()` (or, for a plain
+    true: a method that changes rows of `messages` adds the session to `_touched` (or, for a plain
     append, `_appended`), nothing else is needed.
     """
 
