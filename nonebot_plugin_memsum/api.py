@@ -25,18 +25,20 @@ from nonebot_plugin_memsum.agent.events import (
 from nonebot_plugin_memsum.agent.prompt import Prompt
 from nonebot_plugin_memsum.agent.tools import ToolFn
 from nonebot_plugin_memsum.agent.turn import Entry, ReplyFn
-from nonebot_plugin_memsum.compression.request import CompressionError
 from nonebot_plugin_memsum.compression.service import CompressionResult, SessionStatus
-from nonebot_plugin_memsum.store import SearchHit, SearchQuery, StoreError
+from nonebot_plugin_memsum.errors import CompressionCancelled, CompressionError, MemsumError, StoreError
+from nonebot_plugin_memsum.store import SearchHit, SearchQuery
 from nonebot_plugin_memsum.types import Message, SessionRecord, ToolCall
 
 E = TypeVar("E")
 
 __all__ = [
+    "CompressionCancelled",
     "CompressionError",
     "CompressionProgress",
     "CompressionResult",
     "Entry",
+    "MemsumError",
     "Message",
     "SearchHit",
     "SessionRecord",

@@ -22,6 +22,8 @@ from pydantic import (
     model_validator,
 )
 
+from .errors import ConfigError
+
 TIER_NAMES = ("onebot", "onebot.group", "onebot.private")
 Mode = Literal["on", "record", "off"]
 """开: record and answer; 仅记录: record and compress, never answer; 关: neither."""
@@ -183,10 +185,6 @@ class Config(BaseModel):
             if ids.count(model_id) > 1:
                 raise ValueError(f"duplicate id {model_id!r}")
         return models
-
-
-class ConfigError(Exception):
-    """A setting of `.env` is out of range or of the wrong shape."""
 
 
 def describe_error(err: ValidationError) -> str:

@@ -21,6 +21,7 @@ from .agent.turn import Agent
 from .compression.service import CompressionService
 from .config import Config
 from .controls import Controls
+from .errors import NotStarted
 from .llm import LLMClient, Registry
 from .llm.tokens import aload_encoding, encoding_name, estimate_text_tokens
 from .onebot.state import OneBotState
@@ -49,10 +50,6 @@ class Runtime:
 
 
 _current: Runtime | None = None
-
-
-class NotStarted(RuntimeError):
-    """The plugin is used before NoneBot started it."""
 
 
 def get() -> Runtime:

@@ -21,6 +21,7 @@ from nonebot.log import logger
 from nonebot_plugin_memsum import clock
 from nonebot_plugin_memsum.compression.budget import compression_line
 from nonebot_plugin_memsum.config import Config
+from nonebot_plugin_memsum.errors import NoChatModel
 from nonebot_plugin_memsum.llm import LLMClient, LLMError, LLMLengthLimit, Registry
 from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_stored, estimate_text_tokens
 from nonebot_plugin_memsum.settings import Settings
@@ -37,10 +38,6 @@ SILENT_MARK = "[不回复]"
 SILENT_RECORD = "（助手本轮选择不回复）"
 # Models imitate the `[昵称(ID)] ` labels they see; the bot never labels itself.
 _ECHOED_LABEL = re.compile(r"^\s*\[[^\[\]\n]{0,64}\(\d+\)\]\s*")
-
-
-class NoChatModel(Exception):
-    """No chat-capable model is configured."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,6 +60,7 @@ from nonebot_plugin_memsum.compression.templates import (
     system_prompt,
 )
 from nonebot_plugin_memsum.compression.units import Estimators, Part, Unit, number_units
+from nonebot_plugin_memsum.errors import CompressionError
 from nonebot_plugin_memsum.llm.tokens import MESSAGE_OVERHEAD, REQUEST_OVERHEAD
 
 CapacityRule = Literal["measured", "spec"]
@@ -83,18 +84,6 @@ NONE_SUMMARY = "无"
 
 REFUSED_WINDOW = "摘要模型的窗口装不下提示词、已有摘要与输出上限"
 EMPTY_SUMMARY = "摘要为空"
-
-
-class CompressionError(Exception):
-    """A compression that did not happen; `reason` is short Chinese for the user.
-
-    Raised here for R-FAIL-2 (`REFUSED_WINDOW`) and an empty summary (R-FAIL-1,
-    `EMPTY_SUMMARY`); the service raises it for its own failures too.
-    """
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)

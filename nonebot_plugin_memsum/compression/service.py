@@ -30,11 +30,12 @@ from nonebot_plugin_memsum.agent.turn import Agent, Entry
 from nonebot_plugin_memsum.compression.budget import compression_line, compute_budget
 from nonebot_plugin_memsum.compression.keep import apply_count_rule
 from nonebot_plugin_memsum.compression.parse import parse_reply
-from nonebot_plugin_memsum.compression.request import ChunkPlan, CompressionError, is_context_too_long
+from nonebot_plugin_memsum.compression.request import ChunkPlan, is_context_too_long
 from nonebot_plugin_memsum.compression.templates import choose_template
 from nonebot_plugin_memsum.compression.trigger import Backoff, UsageFacts, compression_due
 from nonebot_plugin_memsum.compression.units import Estimators, Unit, build_units, cut_point, has_conversation
 from nonebot_plugin_memsum.config import Config
+from nonebot_plugin_memsum.errors import CompressionCancelled, CompressionError
 from nonebot_plugin_memsum.llm import LLMClient, LLMError, LLMLengthLimit, LLMStatusError, Registry
 from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_stored, estimate_text_tokens
 from nonebot_plugin_memsum.settings import Settings
@@ -375,7 +376,7 @@ class CompressionService:
             await self._run(session_id)
         except (CompressionError, StoreError) as err:  # warned about in the run already
             # R-BACK-4: a run cancelled by a clear is no failure
-            if not (isinstance(err, CompressionError) and err.reason == CLEARED):
+            if not isinstance(err, CompressionCancelled):
                 await self._set_backoff(session_id, (await self._backoff_of(session_id)).on_failure())
         except Exception:
             logger.exception(f"memsum: background compression of {session_id} crashed")
@@ -409,7 +410,7 @@ class CompressionService:
             raise
         except _Cleared:
             await self._failed(session_id, run.reason, remember=not run.deleted)
-            raise CompressionError(run.reason) from None
+            raise CompressionCancelled(run.reason) from None
         except StoreError as err:  # R-RUN-11: rolled back; the store's own error, as it is
             await self._failed(session_id, STORE_FAILED, err)
             raise

@@ -1,4 +1,4 @@
-"""Errors of the LLM layer.
+"""Errors of the LLM layer, the `LLMError` branch of the plugin's one tree (errors.py).
 
 The hierarchy:
 
@@ -23,11 +23,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from nonebot_plugin_memsum.errors import MemsumError
+
 if TYPE_CHECKING:
     from .client import ChatResult
 
 
-class LLMError(Exception):
+class LLMError(MemsumError):
     """A model request failed."""
 
     def __init__(self, message: str, *, model_id: str) -> None:

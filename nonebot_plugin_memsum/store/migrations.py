@@ -15,16 +15,9 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import aiosqlite
 
+from nonebot_plugin_memsum.errors import SchemaTooNewError
+
 Migration = Callable[[aiosqlite.Connection], Awaitable[None]]
-
-
-class SchemaTooNewError(Exception):
-    """The file was written by a newer version of the plugin than this one."""
-
-    def __init__(self, found: int, known: int) -> None:
-        super().__init__(f"schema version {found} is newer than this code knows ({known})")
-        self.found = found
-        self.known = known
 
 
 async def _m001_initial(db: aiosqlite.Connection) -> None:

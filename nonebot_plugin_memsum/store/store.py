@@ -23,11 +23,12 @@ from typing import Any, Literal, cast
 import aiosqlite
 
 from nonebot_plugin_memsum import clock
+from nonebot_plugin_memsum.errors import SchemaTooNewError, StoreError
 from nonebot_plugin_memsum.types import Message, SessionRecord, ToolCall
 
 from . import search
 from .cache import HistoryCache
-from .migrations import SchemaTooNewError, migrate
+from .migrations import migrate
 from .search import SearchHit, SearchQuery
 
 SUMMARY_NAMESPACE = "summary"
@@ -46,10 +47,6 @@ _CONNECTION_PRAGMAS = (
 
 _MESSAGE_COLUMNS = "id, role, content, name, tool_calls, tool_call_id, ts, metadata, event_marker, tokens"
 _SESSION_COLUMNS = "id, platform, kind, place, peer, parent, room_class, created"
-
-
-class StoreError(Exception):
-    """The store could not be opened, read or written, or was used the wrong way."""
 
 
 def _dump_json(value: Any, what: str) -> str:

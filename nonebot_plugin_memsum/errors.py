@@ -1,0 +1,71 @@
+"""Every error the plugin raises on purpose, in one tree with one base.
+
+    MemsumError
+    ├── ConfigError               a `.env` value is out of range or of the wrong shape
+    ├── NotStarted                the plugin is used before NoneBot started it (also a RuntimeError)
+    ├── StoreError                the SQLite file cannot be opened, read or written
+    │   └── SchemaTooNewError     the file was written by a newer version of the plugin
+    ├── NoChatModel               no chat-capable model is configured
+    ├── CompressionError          a compression did not happen; `reason` is for the user
+    │   └── CompressionCancelled  a clear (R-MEM-3) or the shutdown stopped it: no failure
+    └── LLMError                  a model request failed (llm/errors.py)
+        ├── LLMConnectError       not reached, or dropped before answering
+        ├── LLMTimeout            no complete reply in time
+        ├── LLMStatusError        an HTTP error status
+        │   ├── LLMAuthError      401 / 403
+        │   ├── LLMRateLimited    429
+        │   ├── LLMServerError    5xx
+        │   └── LLMBadRequest     other 4xx
+        ├── LLMStreamCut          the reply stopped before its end
+        ├── LLMLengthLimit        the reply was cut at the output limit (it carries the result)
+        └── LLMBadResponse        an answer that is not a completion
+
+Callers branch on the class, never on the text: the messages are for people (Chinese
+`reason`s) and operators (logs). The LLM branch lives in `llm/errors.py`, next to the
+client that raises it; every other class is defined here and re-exported where it is
+raised.
+"""
+
+from __future__ import annotations
+
+
+class MemsumError(Exception):
+    """Base of every error the plugin raises on purpose."""
+
+
+class ConfigError(MemsumError):
+    """A setting of `.env` is out of range or of the wrong shape."""
+
+
+class NotStarted(MemsumError, RuntimeError):
+    """The plugin is used before NoneBot started it."""
+
+
+class StoreError(MemsumError):
+    """The store could not be opened, read or written, or was used the wrong way."""
+
+
+class SchemaTooNewError(StoreError):
+    """The file was written by a newer version of the plugin than this one."""
+
+    def __init__(self, found: int, known: int) -> None:
+        super().__init__(f"schema version {found} is newer than this code knows ({known})")
+        self.found = found
+        self.known = known
+
+
+class NoChatModel(MemsumError):
+    """No chat-capable model is configured."""
+
+
+class CompressionError(MemsumError):
+    """A compression that did not happen; `reason` is short Chinese for the user."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class CompressionCancelled(CompressionError):
+    """A clear of the session (R-MEM-3) or the shutdown stopped the run before its commit:
+    nothing was written, and it is no failure (R-BACK-4)."""
