@@ -226,7 +226,7 @@ def _timed(search: Callable[[str], list[int]], words: list[str]) -> str:
 
 def bench_compare(folder: Path, n: int) -> None:
     """Ours (bigrams cut in Python), FTS5 trigram (+ LIKE below 3 characters), jieba words;
-    every FTS5 variant ranked as ours is (bm25 × the length prior, then the newest)."""
+    every FTS5 variant ranked the same way (bm25 × the length prior, then the newest)."""
     log, facts = group_log(n, facts=len(FACTS), seed=3)
     texts = [body for _, _, body in log]
     two = ["网盘", "链接", "周末", "年会", "签证", "门禁", "押金", "耳机"]

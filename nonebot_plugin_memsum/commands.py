@@ -15,6 +15,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import tzinfo
 from typing import Literal
 
 from nonebot import on_command, on_message
@@ -348,7 +349,9 @@ async def _clear_context(call: _Call) -> str:
     return "已清除本会话的上下文和摘要。"
 
 
-def parse_recall(session_id: str, words: Sequence[str], mentions: Sequence[str]) -> SearchQuery:
+def parse_recall(
+    session_id: str, words: Sequence[str], mentions: Sequence[str], zone: tzinfo | None = None
+) -> SearchQuery:
     """`/回忆` arguments: keywords, one speaker (an @, or `@昵称`/`@QQ号` typed), one date or
     range (both days included). ValueError in Chinese."""
     keywords: list[str] = []
@@ -358,8 +361,8 @@ def parse_recall(session_id: str, words: Sequence[str], mentions: Sequence[str])
         if (m := _DATE_RANGE.match(word)) is not None:
             if since is not None:
                 raise ValueError("只能给一个日期或日期范围")
-            since = recall.parse_time(m.group(1))
-            until = recall.parse_time(m.group(2) or m.group(1), end=True)
+            since = recall.parse_time(m.group(1), zone=zone)
+            until = recall.parse_time(m.group(2) or m.group(1), end=True, zone=zone)
         elif word.startswith(("@", "＠")) and len(word) > 1:
             speakers.append(word[1:])
         else:
@@ -382,14 +385,15 @@ async def _recall(call: _Call) -> str:
         for seg in call.event.message
         if seg.type == "at" and str(seg.data.get("qq")) not in ("all", str(call.event.self_id))
     ]
+    zone = usage.zone_of(runtime.get().config)
     try:
-        query = parse_recall(call.record.id, call.args, mentions)
+        query = parse_recall(call.record.id, call.args, mentions, zone)
     except ValueError as err:
         return f"{err}\n{RECALL_USAGE}"
     hits = await runtime.get().store.search(query)
     if not hits:
         return recall.NOTHING
-    lines = [recall.line(h.message) for h in hits]
+    lines = [recall.line(h.message, zone) for h in hits]
     return f"找到 {len(hits)} 条（按相关程度排列）：\n" + "\n".join(lines)
 
 

@@ -27,6 +27,7 @@ from .llm.tokens import aload_encoding, encoding_name, estimate_text_tokens
 from .onebot.state import OneBotState
 from .settings import Settings
 from .store import Store
+from .usage import zone_of
 
 
 @dataclass
@@ -87,7 +88,7 @@ async def build(config: Config, db_path: Path, nicknames: list[str], superusers:
     tools = ToolRegistry()
     todos = StoreTodoProvider(store)
     register_todo_tool(tools, todos)
-    register_recall_tool(tools, store, estimate_text_tokens)
+    register_recall_tool(tools, store, estimate_text_tokens, zone_of(config))
     agent = Agent(
         store=store, client=client, registry=registry, bus=bus, config=config, settings=settings, tools=tools
     )

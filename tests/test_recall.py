@@ -11,9 +11,10 @@ import asyncio
 import itertools
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
+from zoneinfo import ZoneInfo
 
 import aiosqlite
 import pytest
@@ -141,7 +142,7 @@ async def test_ranking_is_relevance_then_newest(store: Store) -> None:
     # length prior); equal ones newest first.
     assert [h.message.id for h in hits] == [plan.id, second.id, first.id]
     assert hits[1].score == hits[2].score
-    assert all(a.score <= b.score for a, b in itertools.pairwise(hits))
+    assert all(a.score >= b.score for a, b in itertools.pairwise(hits))
 
 
 async def test_a_frequent_word_ranks_only_its_newest_matches(store: Store) -> None:
@@ -291,6 +292,12 @@ def test_recall_arguments() -> None:
     assert query_of(GROUP, {"query": "x", "limit": 500}).limit == 20
     assert query_of(GROUP, {"query": "", "speaker": "20001"}).speaker == "20001"
     assert parse_time("2026-11-02 08:30") == datetime(2026, 11, 2, 8, 30).timestamp()
+    # MEMSUM_TIMEZONE: dates are read and times written in the bot's zone, as /用量 does.
+    shanghai = ZoneInfo("Asia/Shanghai")
+    assert parse_time("2026-11-02", zone=shanghai) == datetime(2026, 11, 1, 16, 0, tzinfo=UTC).timestamp()
+    at = Message(role="assistant", content="好", ts=datetime(2026, 11, 1, 16, 30, tzinfo=UTC).timestamp())
+    assert line(at, shanghai) == "2026-11-02 00:30 [助手] 好"
+    assert line(at, UTC) == "2026-11-01 16:30 [助手] 好"
     with pytest.raises(ValueError, match="没有「2026-02-30」这个日期"):
         parse_time("2026-02-30")
     with pytest.raises(ValueError, match="limit"):

@@ -12,9 +12,8 @@ Tool results are not indexed: a search never finds an earlier search's echo.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, tzinfo
 from typing import Any
 
 from nonebot_plugin_memsum.store import SearchHit, SearchQuery, Store
@@ -51,15 +50,16 @@ PARAMETERS: dict[str, Any] = {
 
 
 # ---- pure text ----------------------------------------------------------------------
-def parse_time(text: str, *, end: bool = False) -> float:
-    """A local date (`YYYY-MM-DD`, optionally with ` HH:MM`) as a unix time; with `end`, a bare
-    date means the end of that day (the start of the next). ValueError in Chinese."""
+def parse_time(text: str, *, end: bool = False, zone: tzinfo | None = None) -> float:
+    """A date (`YYYY-MM-DD`, optionally with ` HH:MM`) in `zone` (None: the system's) as a unix
+    time; with `end`, a bare date means the end of that day (the start of the next).
+    ValueError in Chinese."""
     m = _DAY.match(text.strip())
     if m is None:
         raise ValueError(f"日期「{text}」的格式应为 YYYY-MM-DD 或 YYYY-MM-DD HH:MM")
     year, month, day, hour, minute = m.groups()
     try:
-        moment = datetime(int(year), int(month), int(day), int(hour or 0), int(minute or 0))
+        moment = datetime(int(year), int(month), int(day), int(hour or 0), int(minute or 0), tzinfo=zone)
     except ValueError:
         raise ValueError(f"没有「{text}」这个日期") from None
     if end and hour is None:
@@ -67,14 +67,16 @@ def parse_time(text: str, *, end: bool = False) -> float:
     return moment.timestamp()
 
 
-def line(m: Message) -> str:
-    """`时间 [昵称(ID)] 正文` (助手 and 通知 for the bot's own words and notices)."""
-    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(m.ts))
+def line(m: Message, zone: tzinfo | None = None) -> str:
+    """`时间 [昵称(ID)] 正文` (助手 and 通知 for the bot's own words and notices), the time in `zone`."""
+    when = datetime.fromtimestamp(m.ts, zone).strftime("%Y-%m-%d %H:%M")
     body = split_label(m.content)[2] if m.role == "user" else m.content
     return f"{when} [{speaker_of(m.role, m.name, m.content)}] {body}"
 
 
-def render(hits: Sequence[SearchHit], budget: int, estimate: Callable[[str], int]) -> str:
+def render(
+    hits: Sequence[SearchHit], budget: int, estimate: Callable[[str], int], zone: tzinfo | None = None
+) -> str:
     """Best hits first, each with its neighbours in time order, within `budget` tokens. A hit
     whose neighbours do not fit comes alone; a line already shown is not repeated."""
     shown: set[int | None] = set()
@@ -85,7 +87,9 @@ def render(hits: Sequence[SearchHit], budget: int, estimate: Callable[[str], int
             continue
         full = [*hit.before, hit.message, *hit.after]
         for candidate in (full, [hit.message]):
-            lines = [("→ " if m is hit.message else "  ") + line(m) for m in candidate if m.id not in shown]
+            lines = [
+                ("→ " if m is hit.message else "  ") + line(m, zone) for m in candidate if m.id not in shown
+            ]
             cost = estimate("\n".join(lines))
             if used + cost <= budget:
                 blocks.append("\n".join(lines))
@@ -94,7 +98,7 @@ def render(hits: Sequence[SearchHit], budget: int, estimate: Callable[[str], int
                 break
         else:
             if not blocks:  # the best hit alone is over the budget: its head rather than nothing
-                blocks.append(("→ " + line(hit.message))[: max(1, budget)] + "…（过长，已截断）")
+                blocks.append(("→ " + line(hit.message, zone))[: max(1, budget)] + "…（过长，已截断）")
                 shown.add(hit.message.id)
                 used = budget
     if not blocks:
@@ -102,7 +106,7 @@ def render(hits: Sequence[SearchHit], budget: int, estimate: Callable[[str], int
     return f"找到 {len(blocks)} 处相关记录（按相关程度排列）：\n\n" + "\n\n".join(blocks)
 
 
-def query_of(session_id: str, args: dict[str, Any]) -> SearchQuery:
+def query_of(session_id: str, args: dict[str, Any], zone: tzinfo | None = None) -> SearchQuery:
     """The tool's JSON arguments as a search of the session; ValueError in Chinese."""
     text = str(args.get("query") or "")
     speaker = str(args["speaker"]).strip() if args.get("speaker") else None
@@ -116,19 +120,23 @@ def query_of(session_id: str, args: dict[str, Any]) -> SearchQuery:
         session_id=session_id,
         text=text,
         speaker=speaker.lstrip("@") if speaker else None,
-        since=parse_time(str(args["since"])) if args.get("since") else None,
-        until=parse_time(str(args["until"]), end=True) if args.get("until") else None,
+        since=parse_time(str(args["since"]), zone=zone) if args.get("since") else None,
+        until=parse_time(str(args["until"]), end=True, zone=zone) if args.get("until") else None,
         limit=max(1, min(limit, MAX_LIMIT)),
     )
 
 
 # ---- the tool -----------------------------------------------------------------------
-def register_recall_tool(registry: ToolRegistry, store: Store, estimate: Callable[[str], int]) -> None:
+def register_recall_tool(
+    registry: ToolRegistry, store: Store, estimate: Callable[[str], int], zone: tzinfo | None = None
+) -> None:
+    """`recall`, reading and writing times in `zone` (MEMSUM_TIMEZONE, as /用量 does)."""
+
     @registry.tool("recall", DESCRIPTION, PARAMETERS)
     async def recall(ctx: ToolContext, args: dict[str, Any]) -> str:
         try:
-            query = query_of(ctx.session_id, args)
+            query = query_of(ctx.session_id, args, zone)
         except ValueError as err:
             return f"错误：{err}"
         hits = await store.search(query, context=CONTEXT_LINES)
-        return render(hits, RESULT_TOKENS, estimate)
+        return render(hits, RESULT_TOKENS, estimate, zone)

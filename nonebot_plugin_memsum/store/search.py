@@ -55,8 +55,9 @@ from nonebot_plugin_memsum.types import Message
 
 SEARCH_ROLES = ("user", "assistant", "notice")
 """The roles whose messages are indexed (conversation text; not tool results)."""
-CANDIDATES = 2000
+CANDIDATES = 1000
 """Matches ranked per query, the newest: bounds the time a frequent word takes."""
+BM25_K1 = 1.2
 PRIOR_CHARS = 60
 DAY = 86400.0
 MAX_DAY_TERMS = 62
@@ -176,7 +177,7 @@ def documents(rows: Iterable[Sequence[Any]]) -> list[tuple[int, str, str, str]]:
 # ---- the query ----------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class SearchHit:
-    """One matching message, its bm25 score (lower is better) and its neighbours."""
+    """One matching message, its relevance (higher is better, see `relevance`) and its neighbours."""
 
     message: Message
     score: float
@@ -219,28 +220,43 @@ class SearchQuery:
         return range(first, last + 1) if last - first < MAX_DAY_TERMS else None
 
 
-def select_hits(columns: str) -> str:
-    """The ranked query. Candidates: the newest CANDIDATES matches (a frequent word costs the
-    same as a rare one); the join re-checks the session, the cleared watermark and the time,
-    so a row of another session or a cleared one can never come back even from a stale
-    index. Ranked by bm25 over the body (speaker and session terms weigh 0) times a length
-    prior, then the newest first.
+SELECT_CANDIDATES = (
+    "SELECT m.id, m.role, m.content FROM search_index JOIN messages m ON m.id = search_index.rowid"
+    " WHERE search_index MATCH ? AND m.session_id = ? AND m.id > ? AND m.ts >= ? AND m.ts < ?"
+    " ORDER BY search_index.rowid DESC LIMIT ?"
+)
+"""The newest matches: FTS5 walks its index newest first and stops at the limit, so a
+frequent word costs what a rare one does. The join re-checks the session, the cleared
+watermark and the time, so a row of another session or a cleared one never comes back,
+even from a stale index."""
+
+
+def _tf(count: int) -> float:
+    return count * (BM25_K1 + 1) / (count + BM25_K1)  # bm25's saturation: the 3rd time adds less
+
+
+def relevance(words: Sequence[str], role: str, content: str) -> float:
+    """How well a message matches the query words (higher is better): each word's count,
+    saturated as bm25 does, times a length prior.
+
+    Not FTS5's bm25(): it counts every match of every term of the query to weigh the terms
+    (idf), which for a frequent word in a session of a million messages costs more than the
+    whole query may; every word must occur anyway, so idf would only reweight repeats.
 
     The prior (pivoted length normalisation, Singhal, Buckley & Mitra, SIGIR 1996: longer
-    documents are more often relevant than bm25's normalisation credits): in a group chat
+    documents are more often relevant than length normalisation credits): in a group chat
     the message holding the information (the link, the date, the announcement) is longer
     than the reactions that repeat its words ("链接呢？"). It grows with the length up to
     PRIOR_CHARS characters and stays flat after."""
-    cols = ", ".join(c.strip() for c in columns.split(","))
-    inner = ", ".join(f"m.{c.strip()}" for c in columns.split(","))
-    return (
-        f"SELECT {cols}, rel * min(length(content), {PRIOR_CHARS}) AS score FROM ("
-        f"SELECT {inner}, bm25(search_index, 1.0, 0.0, 0.0) AS rel"
-        " FROM search_index JOIN messages m ON m.id = search_index.rowid"
-        " WHERE search_index MATCH ? AND m.session_id = ? AND m.id > ? AND m.ts >= ? AND m.ts < ?"
-        f" ORDER BY search_index.rowid DESC LIMIT {CANDIDATES})"
-        " ORDER BY score, id DESC LIMIT ?"
-    )
+    body = split_label(content)[2] if role == "user" else content
+    norm = unicodedata.normalize("NFKC", body).lower()
+    prior = min(len(norm), PRIOR_CHARS) / PRIOR_CHARS
+    return sum(_tf(max(1, norm.count(w))) for w in words) * prior
+
+
+def query_words(text: str) -> list[str]:
+    """The query's words as `relevance` counts them (normalised as the text is)."""
+    return [unicodedata.normalize("NFKC", w).lower() for w in text.split() if _runs(w)]
 
 
 def neighbours(columns: str, *, before: bool) -> str:

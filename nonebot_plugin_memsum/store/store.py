@@ -316,23 +316,36 @@ class Tx:
 
     async def search(self, query: SearchQuery, context: int = 0) -> list[SearchHit]:
         """The session's stored messages (active and archived, never cleared ones) matching
-        `query`, best first, each with up to `context` conversation messages either side."""
+        `query`, best first (`search.relevance`, then the newest), each with up to `context`
+        conversation messages either side."""
         expression = query.expression()
         if expression is None or query.limit <= 0:
             return []
         wm = await search.cleared_upto(self._live(), query.session_id)
         since = -math.inf if query.since is None else query.since
         until = math.inf if query.until is None else query.until
-        rows = await self._fetch(
-            search.select_hits(_MESSAGE_COLUMNS),
-            (expression, query.session_id, wm, since, until, query.limit),
+        found = await self._fetch(
+            search.SELECT_CANDIDATES,
+            (expression, query.session_id, wm, since, until, search.CANDIDATES),
         )
+        words = search.query_words(query.text)
+        ranked = sorted(
+            ((search.relevance(words, role, content), msg_id) for msg_id, role, content in found),
+            key=lambda sc: (-sc[0], -sc[1]),
+        )[: query.limit]
+        if not ranked:
+            return []
+        marks = ",".join("?" * len(ranked))
+        rows = await self._fetch(
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE id IN ({marks})", tuple(i for _, i in ranked)
+        )
+        by_id = {row[0]: _message_from_row(row) for row in rows}
         hits = []
-        for row in rows:
-            msg = _message_from_row(row[:-1])
-            before = await self._near(query.session_id, msg.id, wm, context, before=True)
-            after = await self._near(query.session_id, msg.id, wm, context, before=False)
-            hits.append(SearchHit(msg, float(row[-1]), before, after))
+        for score, msg_id in ranked:
+            msg = by_id[msg_id]
+            before = await self._near(query.session_id, msg_id, wm, context, before=True)
+            after = await self._near(query.session_id, msg_id, wm, context, before=False)
+            hits.append(SearchHit(msg, score, before, after))
         return hits
 
     async def _near(
