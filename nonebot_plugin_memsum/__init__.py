@@ -29,12 +29,13 @@ except ConfigError as err:
 
 from nonebot_plugin_localstore import get_plugin_data_file
 
-from . import runtime
+from . import runtime, web
 from .onebot import register_matchers
 
 _driver = get_driver()
 register_commands(plugin_config)
 register_matchers(plugin_config.memsum_chat_priority, is_memsum_command)
+web.mount(_driver, plugin_config)
 
 
 @_driver.on_startup

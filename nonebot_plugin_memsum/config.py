@@ -152,6 +152,17 @@ class Config(BaseModel):
     """Matcher priority of the commands."""
     memsum_chat_priority: int = Field(default=50, ge=0)
     """Matcher priority of recording and chat."""
+    memsum_web_token: SecretStr = SecretStr("")
+    """The owner's sign-in token of the web page at /memsum/; empty turns the page off."""
+
+    @field_validator("memsum_web_token")
+    @classmethod
+    def _strong_web_token(cls, token: SecretStr) -> SecretStr:
+        # The page can clear any group's memory: a guessable token is a configuration error.
+        value = token.get_secret_value().strip()
+        if value and len(value) < 16:
+            raise ValueError("the web token must be at least 16 characters (or empty: page off)")
+        return SecretStr(value)
 
     @field_validator("memsum_persona")
     @classmethod

@@ -71,3 +71,48 @@ class SessionRecord:
     parent: str | None = None
     room_class: RoomClass | None = None
     created: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class CompressionRecord:
+    """One compression run as the history keeps it: `done` with its figures, or `error`
+    with the reason. `line` is the compression line in tokens it ran against, if known."""
+
+    session_id: str
+    ts: float
+    outcome: Literal["done", "error"]
+    reason: str | None = None
+    tokens_before: int | None = None
+    tokens_after: int | None = None
+    kept: int = 0
+    archived: int = 0
+    requests: int = 0
+    line: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionActivity:
+    """What the overview shows of one session that has history: its record (None for a
+    session without one), message counts, and its last chat call's prompt size."""
+
+    session_id: str
+    record: SessionRecord | None
+    active: int
+    archived: int
+    last_ts: float
+    usage: int | None = None
+    usage_model: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DailyUsage:
+    """Ledger totals of one local day, model and purpose."""
+
+    day: str
+    model: str
+    purpose: str
+    calls: int
+    tokens_in: int
+    tokens_out: int
+    tokens_cached: int = 0
+    """Of tokens_in, those the provider served from its prompt cache."""

@@ -40,7 +40,7 @@ from nonebot_plugin_memsum.llm import LLMClient, LLMError, LLMLengthLimit, LLMSt
 from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_stored, estimate_text_tokens
 from nonebot_plugin_memsum.settings import Settings
 from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE, Store, StoreError
-from nonebot_plugin_memsum.types import Message
+from nonebot_plugin_memsum.types import CompressionRecord, Message
 
 RUNS_NAMESPACE = "compression"
 BACKOFF_NAMESPACE = "backoff"
@@ -117,6 +117,9 @@ class _Run:
     deleted: bool = False
     """Cancelled by the session's deletion: the run leaves no trace in the store."""
     finished: asyncio.Event = field(default_factory=asyncio.Event)
+    requests: int = 0
+    line: int | None = None
+    """The compression line the run's budget was taken from, for its history row."""
 
 
 def same_item(a: Message, b: Message) -> bool:
@@ -406,48 +409,74 @@ class CompressionService:
         try:
             result = await self._summarise_and_commit(session_id, run, snapshot, span, units)
         except CompressionError as err:
-            await self._failed(session_id, str(err))
+            await self._failed(session_id, run, str(err))
             raise
         except _Cleared:
-            await self._failed(session_id, run.reason, remember=not run.deleted)
+            await self._failed(session_id, run, run.reason, remember=not run.deleted)
             raise CompressionCancelled(run.reason) from None
         except StoreError as err:  # R-RUN-11: rolled back; the store's own error, as it is
-            await self._failed(session_id, STORE_FAILED, err)
+            await self._failed(session_id, run, STORE_FAILED, err)
             raise
         except Exception as err:
             reason = f"内部错误：{type(err).__name__}"
-            await self._failed(session_id, reason, err)
+            await self._failed(session_id, run, reason, err)
             raise CompressionError(reason) from err
         self._epoch[session_id] += 1
         await self._set_backoff(session_id, Backoff())  # R-BACK-4
         await self._remember_run(
-            session_id, LastRun(clock.now(), "done", None, result.kept_messages, result.archived)
+            session_id, LastRun(clock.now(), "done", None, result.kept_messages, result.archived), run, result
         )
         await self.bus.emit(CompressionProgress(session_id, "done"))
         return result
 
     async def _failed(
-        self, session_id: str, reason: str, err: BaseException | None = None, *, remember: bool = True
+        self,
+        session_id: str,
+        run: _Run,
+        reason: str,
+        err: BaseException | None = None,
+        *,
+        remember: bool = True,
     ) -> None:
         """R-FAIL-1: one warning (with the traceback of an unexpected error), an `error` event."""
         logger.opt(exception=err).warning(f"memsum: compression of {session_id} failed: {reason}")
         if remember:
-            await self._remember_run(session_id, LastRun(clock.now(), "error", reason, 0, 0))
+            await self._remember_run(session_id, LastRun(clock.now(), "error", reason, 0, 0), run)
         await self.bus.emit(CompressionProgress(session_id, "error", reason))
 
-    async def _remember_run(self, session_id: str, last: LastRun) -> None:
+    async def _remember_run(
+        self, session_id: str, last: LastRun, run: _Run, result: CompressionResult | None = None
+    ) -> None:
+        """The last run (for /摘要) and a row of the compression history (for the web page)."""
         try:
-            await self.store.put_meta(
-                RUNS_NAMESPACE,
-                session_id,
-                {
-                    "time": last.time,
-                    "outcome": last.outcome,
-                    "reason": last.reason,
-                    "kept_messages": last.kept_messages,
-                    "archived": last.archived,
-                },
-            )
+            # One transaction: the row and the last run agree, and a clear waiting for this
+            # run's commit (R-MEM-3) comes after both.
+            async with self.store.transaction() as tx:
+                await tx.record_compression(
+                    CompressionRecord(
+                        session_id,
+                        last.time,
+                        last.outcome,
+                        last.reason,
+                        result.tokens_before if result else None,
+                        result.tokens_after if result else None,
+                        last.kept_messages,
+                        last.archived,
+                        run.requests,
+                        run.line,
+                    )
+                )
+                await tx.put_meta(
+                    RUNS_NAMESPACE,
+                    session_id,
+                    {
+                        "time": last.time,
+                        "outcome": last.outcome,
+                        "reason": last.reason,
+                        "kept_messages": last.kept_messages,
+                        "archived": last.archived,
+                    },
+                )
         except Exception as err:
             logger.warning(f"memsum: could not record the compression outcome: {err}")
 
@@ -470,6 +499,7 @@ class CompressionService:
         if usage is not None:  # R-BUD-1/6: the line of the latest usage, if any
             at = await self.compress_at(session_id, usage.platform, usage.platform_type)
             line = compression_line(at, usage.window, usage.trim_budget)
+            run.line = int(line) if line is not None else None
         budget = compute_budget(
             line=line,
             ratio=self.config.memsum_summary_budget_ratio,
@@ -520,6 +550,7 @@ class CompressionService:
         sid: str,
     ) -> str:
         """One summary request, abandoned as soon as the session is cleared (R-MEM-3)."""
+        run.requests += 1
         call = asyncio.ensure_future(
             self.client.chat(
                 model,

@@ -130,11 +130,81 @@ async def _m004_search(db: aiosqlite.Connection) -> None:
     )
 
 
+async def _m005_compressions(db: aiosqlite.Connection) -> None:
+    # The history of compression runs, one row per run, for the owner's web page: the
+    # metadata namespace `compression` only holds the last run of a session.
+    await db.execute(
+        """CREATE TABLE compressions (
+            id INTEGER PRIMARY KEY,
+            session_id TEXT NOT NULL,
+            ts REAL NOT NULL,
+            outcome TEXT NOT NULL CHECK (outcome IN ('done', 'error')),
+            reason TEXT,
+            tokens_before INTEGER,
+            tokens_after INTEGER,
+            kept INTEGER NOT NULL DEFAULT 0,
+            archived INTEGER NOT NULL DEFAULT 0,
+            requests INTEGER NOT NULL DEFAULT 0,
+            line INTEGER
+        )"""
+    )
+    await db.execute("CREATE INDEX compressions_by_session ON compressions (session_id, id)")
+    # The usage page sums the ledger by time; covering, since fetching each row of a month
+    # from the table cost more than scanning it all.
+    await db.execute(
+        "CREATE INDEX ledger_by_time ON ledger (ts, model, purpose, tokens_in, tokens_out, tokens_cached)"
+    )
+    # Each session's message counts, kept by triggers in the same transaction as every write
+    # of every process: counting them for the overview scanned all messages (a second over
+    # a million). `active` counts conversation as R-TRIG-4 does; `archived` every row.
+    await db.execute(
+        """CREATE TABLE message_counts (
+            session_id TEXT PRIMARY KEY,
+            active INTEGER NOT NULL DEFAULT 0,
+            archived INTEGER NOT NULL DEFAULT 0,
+            newest_ts REAL NOT NULL DEFAULT 0
+        ) WITHOUT ROWID"""
+    )
+    await db.execute(
+        """INSERT INTO message_counts (session_id, active, archived, newest_ts)
+        SELECT session_id, SUM(archived = 0 AND event_marker = 0 AND role != 'system'), SUM(archived), MAX(ts)
+        FROM messages GROUP BY session_id"""
+    )
+    await db.execute(
+        """CREATE TRIGGER messages_counted_in AFTER INSERT ON messages BEGIN
+            INSERT INTO message_counts (session_id, active, archived, newest_ts)
+            VALUES (NEW.session_id, NEW.archived = 0 AND NEW.event_marker = 0 AND NEW.role != 'system',
+                    NEW.archived, NEW.ts)
+            ON CONFLICT (session_id) DO UPDATE SET active = active + excluded.active,
+                archived = archived + excluded.archived, newest_ts = max(newest_ts, excluded.newest_ts);
+        END"""
+    )
+    await db.execute(
+        """CREATE TRIGGER messages_counted_archive AFTER UPDATE OF archived ON messages
+        WHEN OLD.archived != NEW.archived BEGIN
+            UPDATE message_counts SET
+                active = active
+                    + (NEW.event_marker = 0 AND NEW.role != 'system') * (OLD.archived - NEW.archived),
+                archived = archived + NEW.archived - OLD.archived
+            WHERE session_id = NEW.session_id;
+        END"""
+    )
+    await db.execute(
+        """CREATE TRIGGER messages_counted_out AFTER DELETE ON messages BEGIN
+            UPDATE message_counts SET
+                active = active - (OLD.archived = 0 AND OLD.event_marker = 0 AND OLD.role != 'system'),
+                archived = archived - OLD.archived
+            WHERE session_id = OLD.session_id;
+        END"""
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     _m001_initial,
     _m002_message_tokens,
     _m003_ledger_cached_tokens,
     _m004_search,
+    _m005_compressions,
 )
 
 

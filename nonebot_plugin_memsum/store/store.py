@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import json
 import math
 import sqlite3
@@ -24,7 +25,14 @@ import aiosqlite
 
 from nonebot_plugin_memsum import clock
 from nonebot_plugin_memsum.errors import SchemaTooNewError, StoreError
-from nonebot_plugin_memsum.types import Message, SessionRecord, ToolCall
+from nonebot_plugin_memsum.types import (
+    CompressionRecord,
+    DailyUsage,
+    Message,
+    SessionActivity,
+    SessionRecord,
+    ToolCall,
+)
 
 from . import search
 from .cache import HistoryCache
@@ -47,6 +55,9 @@ _CONNECTION_PRAGMAS = (
 
 _MESSAGE_COLUMNS = "id, role, content, name, tool_calls, tool_call_id, ts, metadata, event_marker, tokens"
 _SESSION_COLUMNS = "id, platform, kind, place, peer, parent, room_class, created"
+_COMPRESSION_COLUMNS = (
+    "session_id, ts, outcome, reason, tokens_before, tokens_after, kept, archived, requests, line"
+)
 
 
 def _dump_json(value: Any, what: str) -> str:
@@ -284,6 +295,11 @@ class Tx:
             (namespace, key, _dump_json(value, f"metadata {namespace}/{key}")),
         )
 
+    async def meta_values(self, namespace: str) -> dict[str, Any]:
+        """Every value of a metadata namespace, by key."""
+        rows = await self._fetch("SELECT key, value FROM metadata WHERE namespace = ?", (namespace,))
+        return {key: json.loads(value) for key, value in rows}
+
     async def delete_meta(self, namespace: str, key: str) -> None:
         await self._fetch("DELETE FROM metadata WHERE namespace = ? AND key = ?", (namespace, key))
 
@@ -428,6 +444,101 @@ class Tx:
             (divider, *params),
         )
         return Activity(answers=int(rows[0][0]), compressions=int(rows[0][1]))
+
+    async def record_compression(self, run: CompressionRecord) -> None:
+        await self._fetch(
+            f"INSERT INTO compressions ({_COMPRESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                run.session_id,
+                run.ts,
+                run.outcome,
+                run.reason,
+                run.tokens_before,
+                run.tokens_after,
+                run.kept,
+                run.archived,
+                run.requests,
+                run.line,
+            ),
+        )
+
+    async def compressions(self, session_id: str, limit: int = 200) -> list[CompressionRecord]:
+        """The session's compression runs, newest first."""
+        rows = await self._fetch(
+            f"SELECT {_COMPRESSION_COLUMNS} FROM compressions WHERE session_id = ? ORDER BY id DESC LIMIT ?",
+            (session_id, limit),
+        )
+        return [CompressionRecord(*r) for r in rows]
+
+    async def last_compressions(self) -> dict[str, CompressionRecord]:
+        """Every session's latest compression run."""
+        rows = await self._fetch(
+            f"SELECT {_COMPRESSION_COLUMNS} FROM compressions WHERE id IN"
+            " (SELECT MAX(id) FROM compressions GROUP BY session_id)"
+        )
+        return {r[0]: CompressionRecord(*r) for r in rows}
+
+    async def session_overview(self, usage_purpose: str) -> list[SessionActivity]:
+        """Every session with stored history: its record, active conversation messages
+        (as R-TRIG-4 counts them), archived messages, the time of its newest message and
+        the prompt size of its last `usage_purpose` call in the ledger."""
+        # The last call per session is one seek on (session_id, purpose), ids in order.
+        counts = await self._fetch(
+            "SELECT c.session_id, c.active, c.archived, c.newest_ts, l.tokens_in, l.model"
+            " FROM message_counts c LEFT JOIN ledger l ON l.id = (SELECT id FROM ledger"
+            " WHERE session_id = c.session_id AND purpose = ? ORDER BY id DESC LIMIT 1)"
+            " WHERE c.active > 0 OR c.archived > 0",
+            (usage_purpose,),
+        )
+        records = {
+            r[0]: _session_from_row(r) for r in await self._fetch(f"SELECT {_SESSION_COLUMNS} FROM sessions")
+        }
+        return [
+            SessionActivity(
+                session_id=sid,
+                record=records.get(sid),
+                active=int(n_active),
+                archived=int(n_archived),
+                last_ts=float(newest_ts),
+                usage=usage,
+                usage_model=model,
+            )
+            for sid, n_active, n_archived, newest_ts, usage, model in counts
+        ]
+
+    async def all_settings(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """Every stored setting, by (scope, scope key), then by name."""
+        result: dict[tuple[str, str], dict[str, Any]] = {}
+        for scope, key, name, value in await self._fetch(
+            "SELECT scope, scope_key, name, value FROM settings"
+        ):
+            result.setdefault((scope, key), {})[name] = json.loads(value)
+        return result
+
+    async def usage_by_day(
+        self, since: float = 0.0, session_id: str | None = None, utc_offset: int = 0
+    ) -> list[DailyUsage]:
+        """Ledger totals per day, model and purpose from `since` on, oldest day first; of one
+        session, or of every call. Days start at midnight `utc_offset` seconds east of UTC
+        (integer arithmetic: SQLite's 'localtime' modifier per row cost a second over 100k rows)."""
+        where = "ts >= ?" + (" AND session_id = ?" if session_id is not None else "")
+        params: tuple[Any, ...] = (utc_offset, since) + ((session_id,) if session_id is not None else ())
+        rows = await self._fetch(
+            "SELECT CAST((ts + ?) / 86400 AS INTEGER) AS day, model, purpose, COUNT(*), SUM(tokens_in),"
+            f" SUM(tokens_out), SUM(tokens_cached) FROM ledger WHERE {where}"
+            " GROUP BY day, model, purpose ORDER BY day, model, purpose",
+            params,
+        )
+        epoch = datetime.date(1970, 1, 1)
+        return [DailyUsage(str(epoch + datetime.timedelta(days=day)), *rest) for day, *rest in rows]
+
+    async def usage_series(self, session_id: str, purpose: str, limit: int = 500) -> list[tuple[float, int]]:
+        """(time, tokens in) of the session's last `limit` calls for `purpose`, oldest first."""
+        rows = await self._fetch(
+            "SELECT ts, tokens_in FROM ledger WHERE session_id = ? AND purpose = ? ORDER BY id DESC LIMIT ?",
+            (session_id, purpose, limit),
+        )
+        return [(float(ts), int(n)) for ts, n in reversed(rows)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -671,6 +782,10 @@ class Store:
         async with self._statement() as tx:
             await tx.put_meta(namespace, key, value)
 
+    async def meta_values(self, namespace: str) -> dict[str, Any]:
+        async with self._statement() as tx:
+            return await tx.meta_values(namespace)
+
     async def delete_meta(self, namespace: str, key: str) -> None:
         async with self._statement() as tx:
             await tx.delete_meta(namespace, key)
@@ -739,6 +854,37 @@ class Store:
     async def usage_rows(self, place: str | None, since: float | None) -> list[UsageRow]:
         async with self._statement() as tx:
             return await tx.usage_rows(place, since)
+
+    async def record_compression(self, run: CompressionRecord) -> None:
+        async with self._statement() as tx:
+            await tx.record_compression(run)
+
+    async def compressions(self, session_id: str, limit: int = 200) -> list[CompressionRecord]:
+        async with self._statement() as tx:
+            return await tx.compressions(session_id, limit)
+
+    async def last_compressions(self) -> dict[str, CompressionRecord]:
+        async with self._statement() as tx:
+            return await tx.last_compressions()
+
+    async def session_overview(self, usage_purpose: str) -> list[SessionActivity]:
+        # One transaction: the counts, times and usage are of one moment.
+        async with self.transaction() as tx:
+            return await tx.session_overview(usage_purpose)
+
+    async def all_settings(self) -> dict[tuple[str, str], dict[str, Any]]:
+        async with self._statement() as tx:
+            return await tx.all_settings()
+
+    async def usage_by_day(
+        self, since: float = 0.0, session_id: str | None = None, utc_offset: int = 0
+    ) -> list[DailyUsage]:
+        async with self._statement() as tx:
+            return await tx.usage_by_day(since, session_id, utc_offset)
+
+    async def usage_series(self, session_id: str, purpose: str, limit: int = 500) -> list[tuple[float, int]]:
+        async with self._statement() as tx:
+            return await tx.usage_series(session_id, purpose, limit)
 
     async def activity(self, place: str, since: float | None, divider: str) -> Activity:
         async with self._statement() as tx:

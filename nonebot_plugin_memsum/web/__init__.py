@@ -1,0 +1,68 @@
+"""The owner's web page at /memsum/ on NoneBot's own FastAPI server (`MEMSUM_WEB_TOKEN`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+from nonebot import get_bots
+from nonebot.adapters.onebot.v11 import Bot as OneBotV11Bot
+from nonebot.drivers import Driver
+from nonebot.log import logger
+
+from nonebot_plugin_memsum import runtime
+from nonebot_plugin_memsum.config import Config
+
+from .app import create_app
+
+PREFIX = "/memsum"
+NAMES_SECONDS = 300
+
+
+def mount(driver: Driver, config: Config) -> None:
+    """Mount the page on the driver's server app when a token is set; say once at start-up
+    whether it is on."""
+    token = config.memsum_web_token.get_secret_value()
+    app = getattr(driver, "server_app", None)
+    if not token:
+        message = "memsum: web page off (MEMSUM_WEB_TOKEN is empty)"
+    elif app is None or not hasattr(app, "mount"):
+        message = (
+            f"memsum: web page off: the {driver.type} driver serves no FastAPI app (use DRIVER=~fastapi)"
+        )
+    else:
+        app.mount(PREFIX, create_app(runtime.get, token, _OneBotNames()))
+        host, port = driver.config.host, driver.config.port
+        message = f"memsum: web page at http://{host}:{port}{PREFIX}/"
+
+    @driver.on_startup
+    async def _say() -> None:
+        logger.info(message)
+
+
+class _OneBotNames:
+    """Group names and friends' nicknames from the connected OneBot bots, re-read every
+    few minutes; a bot that does not answer just leaves numbers on the page."""
+
+    def __init__(self) -> None:
+        self._names: dict[str, str] = {}
+        self._read = 0.0
+
+    async def __call__(self) -> Mapping[str, str]:
+        if time.monotonic() - self._read < NAMES_SECONDS:
+            return self._names
+        self._read = time.monotonic()
+        names: dict[str, str] = {}
+        for bot in get_bots().values():
+            if not isinstance(bot, OneBotV11Bot):
+                continue
+            try:
+                for group in await bot.get_group_list():
+                    names[f"group:{group['group_id']}"] = str(group.get("group_name") or "")
+                for friend in await bot.get_friend_list():
+                    label = friend.get("remark") or friend.get("nickname") or ""
+                    names[f"private:{friend['user_id']}"] = str(label)
+            except Exception as err:
+                logger.debug(f"memsum: could not read names from bot {bot.self_id}: {err}")
+        self._names = names
+        return names
