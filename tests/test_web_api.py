@@ -260,11 +260,28 @@ async def test_session_page_has_summary_kept_chart_history_and_settings(
     assert (await owner.get("api/sessions/onebot%3A1%3Agroup%3A404")).status_code == 404
 
 
-async def test_search_says_it_is_not_there_yet(owner: httpx.AsyncClient) -> None:
-    # The store-level search belongs to the recall work; until it lands the page says so.
-    resp = await owner.get(f"api/sessions/{G}/search?q=爬山")
-    assert resp.status_code == 501
-    assert resp.json()["detail"] == "搜索功能尚未提供"
+async def test_search_finds_archived_words_in_context_in_this_session_only(
+    env: WebEnv, owner: httpx.AsyncClient
+) -> None:
+    # The recall search of issue 11: an archived line (compressed three times since) is found
+    # with its neighbours; the private chat never sees the group's words.
+    resp = await owner.get(f"api/sessions/{G}/search", params={"q": "第5句"})
+    (result,) = resp.json()["results"]
+    assert result["hit"]["content"].endswith("第5句：周末去爬山吗，带上水和干粮，顺便拍照")
+    assert "第4句" in result["before"][-1]["content"]
+    assert len(result["before"]) == 2
+    assert len(result["after"]) == 2
+    archived = {m.id for m in await env.rt.store.get_archived(GROUP.id)}
+    assert result["hit"]["id"] in archived
+    by_speaker = await owner.get(f"api/sessions/{G}/search", params={"q": "爬山", "speaker": "30005"})
+    assert [r["hit"]["content"][:11] for r in by_speaker.json()["results"]] == ["[成员5(30005)"]
+    p = PRIVATE.id.replace(":", "%3A")
+    assert (await owner.get(f"api/sessions/{p}/search", params={"q": "第5句"})).json() == {"results": []}
+    bad = await owner.get(f"api/sessions/{G}/search", params={"q": "爬山", "since": "昨天"})
+    assert (bad.status_code, bad.json()["detail"]) == (400, "日期格式应为 YYYY-MM-DD")
+    # Cleared is never found again (R-MEM-2).
+    await owner.post(f"api/sessions/{G}/clear", json={"kind": "context", "confirm": True})
+    assert (await owner.get(f"api/sessions/{G}/search", params={"q": "第5句"})).json() == {"results": []}
 
 
 async def test_usage_per_day_model_and_purpose_and_csv(env: WebEnv, owner: httpx.AsyncClient) -> None:

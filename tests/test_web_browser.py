@@ -121,6 +121,16 @@ async def test_sign_in_overview_group_page_and_its_chart(browser: Browser, env: 
     assert await page.locator("#main img, #main script").count() == 0
     assert await page.evaluate("window.__pwned") is None
     await shot(page, "session")
+    # The search (issue 11): an archived line with its neighbours; a member's HTML as text.
+    await page.fill("#search input[name=q]", "第5句")
+    await page.click("#search button[type=submit]")
+    await expect(page.locator("#search-results .msg.found")).to_have_count(1)
+    await expect(page.locator("#search-results .msg.found")).to_contain_text("第5句：周末去爬山吗")
+    await page.fill("#search input[name=q]", "pwned")
+    await page.click("#search button[type=submit]")
+    await expect(page.locator("#search-results .msg.found").first).to_contain_text("<script>")
+    assert await page.locator("#main img, #main script").count() == 0
+    assert await page.evaluate("window.__pwned") is None
     # The usage page: chart and table.
     await page.click("nav a[href='#/usage']")
     rows = await env.rt.store.usage_by_day()

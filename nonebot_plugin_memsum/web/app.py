@@ -30,6 +30,7 @@ from nonebot_plugin_memsum.compression.trigger import Backoff
 from nonebot_plugin_memsum.config import ModelConfig
 from nonebot_plugin_memsum.runtime import Runtime
 from nonebot_plugin_memsum.settings import MODE_WORDS, SETTING_NAMES
+from nonebot_plugin_memsum.store import SearchQuery
 from nonebot_plugin_memsum.types import SessionRecord
 
 from . import views
@@ -37,6 +38,9 @@ from .auth import SESSION_SECONDS, Auth, WebSession, same_origin, same_token
 
 COOKIE = "memsum_session"
 CSRF_HEADER = "X-Memsum-CSRF"
+SEARCH_LIMIT = 20
+SEARCH_CONTEXT = 2
+"""Messages shown either side of each search hit."""
 CHAT_PURPOSE = "对话"
 """The ledger purpose of the agent's chat calls (agent/turn.py): their prompt size is the usage."""
 STATIC = Path(str(files("nonebot_plugin_memsum") / "web" / "static"))
@@ -262,7 +266,6 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
             "progress": live.progress(sid),
             "backoff_failures": status.backoff_failures,
             "backoff_turns_left": status.backoff_turns_left,
-            "search": hasattr(rt.store, "search"),
             "modes": MODE_WORDS,
         }
 
@@ -272,11 +275,19 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
     ) -> dict[str, Any]:
         rt = get_runtime()
         await _existing(rt, sid)
-        search_fn = getattr(rt.store, "search", None)
-        if search_fn is None:
-            raise HTTPException(501, "搜索功能尚未提供")
-        found = await search_fn(sid, q, speaker=speaker, since=_day(since), until=_day(until, end=True))
-        return {"results": [views.message_view(m) for m in found]}
+        # The recall search of issue 11: this session only, never what a clear removed.
+        query = SearchQuery(sid, q, speaker or None, _day(since), _day(until, end=True), SEARCH_LIMIT)
+        hits = await rt.store.search(query, context=SEARCH_CONTEXT)
+        return {
+            "results": [
+                {
+                    "hit": views.message_view(h.message),
+                    "before": [views.message_view(m) for m in h.before],
+                    "after": [views.message_view(m) for m in h.after],
+                }
+                for h in hits
+            ]
+        }
 
     @change.post("/sessions/{sid}/settings")
     async def change_setting(sid: str, body: SettingChange) -> dict[str, Any]:

@@ -202,7 +202,7 @@ function usageChart(series, line, runs) {
 }
 
 function messageList(messages, empty) {
-  if (!messages.length) return el("p", { class: "muted" }, empty);
+  if (!messages.length) return empty ? el("p", { class: "muted" }, empty) : null;
   return el("div", {}, messages.map((m) => el("div", { class: "msg" }, el("span", { class: "when" }, when(m.ts)), el("span", { class: "pre" }, m.content))));
 }
 
@@ -238,24 +238,32 @@ async function sessionPage(sid) {
   const progress = d.running ? "正在压缩…" + (d.progress && d.progress.phase === "running" ? `（已 ${Math.max(0, Math.round(Date.now() / 1000 - d.progress.since))} 秒）` : "")
     : d.progress ? d.progress.text : "";
   const searchBox = el("div", { class: "card", id: "search" });
-  if (d.search) {
-    const q = el("input", { type: "search", name: "q", placeholder: "关键词", required: true });
-    const speaker = el("input", { name: "speaker", placeholder: "发言人（QQ 号或昵称）" });
-    const since = el("input", { type: "date", name: "since" });
-    const until = el("input", { type: "date", name: "until" });
-    const out = el("div", { id: "search-results" });
-    const form = el("form", { class: "row" }, q, speaker, since, until, el("button", { type: "submit" }, "搜索"));
-    form.addEventListener("submit", async (ev) => {
-      ev.preventDefault();
-      const params = new URLSearchParams({ q: q.value });
-      for (const [k, v] of [["speaker", speaker.value], ["since", since.value], ["until", until.value]]) if (v) params.set(k, v);
-      try { const r = await api(`${path}/search?${params}`); out.replaceChildren(messageList(r.results, "没有找到。")); }
-      catch (err) { out.replaceChildren(el("p", { class: "error" }, err.message)); }
-    });
-    searchBox.append(form, out);
-  } else {
-    searchBox.append(el("p", { class: "muted" }, "搜索功能尚未提供（等待「回忆」功能合入）。"));
+  const q = el("input", { type: "search", name: "q", placeholder: "关键词，如 提取码", required: true });
+  const speaker = el("input", { name: "speaker", placeholder: "发言人（QQ 号或昵称）" });
+  const since = el("input", { type: "date", name: "since" });
+  const until = el("input", { type: "date", name: "until" });
+  const out = el("div", { id: "search-results" });
+  const form = el("form", { class: "row" }, q, speaker, since, until, el("button", { type: "submit" }, "搜索"));
+  const show = (results) => out.replaceChildren(...(results.length ? results : [null]).map((x) => x ? hitView(x) : el("p", { class: "muted" }, "没有找到。")));
+  const hitView = (x) => el("div", { class: "hit" },
+    messageList(x.before, ""), el("div", { class: "msg found" }, el("span", { class: "when" }, when(x.hit.ts)), el("span", { class: "pre" }, x.hit.content)),
+    messageList(x.after, ""));
+  // The page refreshes itself every few seconds: the last search of this session stays.
+  if (state.search && state.search.sid === sid) {
+    [q.value, speaker.value, since.value, until.value] = state.search.values;
+    show(state.search.results);
   }
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const params = new URLSearchParams({ q: q.value });
+    for (const [k, v] of [["speaker", speaker.value], ["since", since.value], ["until", until.value]]) if (v) params.set(k, v);
+    try {
+      const r = await api(`${path}/search?${params}`);
+      state.search = { sid, values: [q.value, speaker.value, since.value, until.value], results: r.results };
+      show(r.results);
+    } catch (err) { out.replaceChildren(el("p", { class: "error" }, err.message)); }
+  });
+  searchBox.append(form, el("p", { class: "muted small" }, "搜索本会话的全部消息（含已归档的），不含清除过的；每条结果带前后各两条。"), out);
   setMain(
     el("p", {}, el("a", { href: "#/" }, "← 返回总览")),
     el("h1", { id: "session-title" }, el("span", { class: "tag" }, d.kind), " ", d.name || d.number || d.id, d.name && d.number ? el("span", { class: "muted small" }, " " + d.number) : null),
