@@ -9,6 +9,7 @@ from pathlib import Path
 import nonebot
 import pytest
 from nonebot.adapters.onebot.v11 import Adapter as OneBotV11Adapter
+from nonebug import App
 
 from tests.fakes.llm_server import ScriptedLLM
 
@@ -23,6 +24,17 @@ INIT_KWARGS = {
     "localstore_cache_dir": str(_TMP / "cache"),
     "localstore_config_dir": str(_TMP / "config"),
 }
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`e2e`: every test of a `*_e2e.py` module (they run bot.py as a subprocess);
+    `crash`: the SIGKILL tests. `pytest -m "not e2e and not crash"` is the fast unit loop."""
+    for item in items:
+        name = item.path.name
+        if name.endswith("_e2e.py"):
+            item.add_marker(pytest.mark.e2e)
+        if "crash" in name:
+            item.add_marker(pytest.mark.crash)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -45,3 +57,14 @@ def llm() -> Iterator[ScriptedLLM]:
     """A scripted model server of the module's own; a module may define its own `llm`."""
     with ScriptedLLM() as server:
         yield server
+
+
+@pytest.fixture
+def admin_option(app: App, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """MEMSUM_GROUP_ADMIN_COMMANDS for one test (indirect parameter; default off)."""
+    from nonebot_plugin_memsum import runtime
+
+    value = bool(getattr(request, "param", False))
+    rt = runtime.get()
+    monkeypatch.setattr(rt, "config", rt.config.model_copy(update={"memsum_group_admin_commands": value}))
+    return value

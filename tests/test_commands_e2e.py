@@ -15,6 +15,7 @@ import pytest
 
 from nonebot_plugin_memsum.controls import CAP_NOTICE
 from tests.fakes.botproc import BotProcess
+from tests.fakes.commands import ALLOWED_ANSWER, ROLES, Role, may_use
 from tests.fakes.e2e import (
     SELF_ID,
     connected,
@@ -29,7 +30,6 @@ from tests.fakes.e2e import (
 from tests.fakes.llm_server import Gate, Reply, ScriptedLLM
 from tests.fakes.onebot import FORWARD_ACTIONS, SEND_ACTIONS, ApiCall, OneBotSim, at, plain_text
 from tests.fakes.onebot import text as seg
-from tests.test_commands import ALLOWED_ANSWER, ROLES, Role, may_use
 
 SUPERUSER = 10001
 SUMMARY = "【最近在聊什么】\n周末爬山\n【谁有问题没回应】\n无\n【关键原话要点】\n无\n【保留原文】\n无"

@@ -19,7 +19,7 @@ from nonebot_plugin_memsum.controls import CAP_NOTICE, COOLDOWN_NAMESPACE, coole
 from nonebot_plugin_memsum.onebot import group_record, private_record
 from nonebot_plugin_memsum.store import Activity, UsageRow
 from nonebot_plugin_memsum.types import Message
-from tests.test_commands import (
+from tests.fakes.nonebug import (
     SELF_ID,
     Like,
     group_msg,

@@ -366,6 +366,7 @@ async def command(sim: OneBotSim, text: str, *, group: int = 30001, user: int = 
     return plain_text(call.params["message"])
 
 
+@pytest.mark.e2e
 async def test_r_cfg_2_session_setting_persists_across_a_bot_restart(tmp_path: Path) -> None:
     async with running_bot(tmp_path) as (bot, sim):
         assert "设为 0.3" in await command(sim, "/压缩线 0.3")
