@@ -1767,3 +1767,47 @@ async def test_shutdown_abandons_a_manual_run_waiting_on_the_model_and_leaves_th
     assert await summary_of(rt) is None
     assert (await rt.compression.status(GROUP.id)).last_run.reason == STOPPED  # type: ignore[union-attr]
     gate.open()
+
+
+# ---- issue 9: no hard trim on the turn that starts a compression ----------------------------------
+async def test_r_trig_3_a_turn_expected_to_be_trimmed_next_starts_the_compression_now(make: Make) -> None:
+    # Window 8000: trim budget 8000 − 1024 = 6976, line E = 6400; between two turns the history
+    # grows by about 900 tokens, more than the 576 between E and the trim budget. R-TRIG-3 alone
+    # compresses once a turn was trimmed; judged against the next request as well, the
+    # compression starts a turn early and no turn is ever trimmed.
+    env = await make(chat={"context_window": 8000})
+    env.model.chat_default = Reply("好的", usage=None)  # the usage is the plugin's own estimate
+    events: list[UsageEvent] = []
+    env.rt.bus.subscribe(UsageEvent, events.append)
+    starts: list[UsageEvent] = []
+    for n in range(30):
+        await seed(env.rt, 12, start=100 * n, size=60)
+        seen = len(env.phases())
+        await env.rt.agent.run_turn(GROUP.id, entry=IN_GROUP)
+        await settle(env.rt)
+        if ("start", None) in env.phases()[seen:]:
+            starts.append(events[-1])
+    judged = [e for e in events if e.turn_id is not None]
+    assert len(starts) >= 2
+    assert [e for e in judged if e.trimmed] == []
+    assert all(e.line == 6400 and e.trim_budget == 6976 for e in judged)
+    # At least one run started below the line: the next request was expected over the trim budget.
+    assert any(e.usage < 6400 for e in starts)
+    assert env.phases().count(("done", None)) == len(starts)
+
+
+def test_r_trig_3_next_usage_over_the_trim_budget_counts_as_trimmed() -> None:
+    from nonebot_plugin_memsum.compression.trigger import UsageFacts, usage_due
+
+    def facts(usage: int, next_usage: int | None, untrimmed: int = 5000) -> UsageFacts:
+        return UsageFacts(
+            turn_id="t", usage=usage, window=8000, trim_budget=6976, trimmed=False,
+            untrimmed_history=untrimmed, history_messages=10, history_limit=0,
+            platform=None, platform_type=None, next_usage=next_usage,
+        )  # fmt: skip
+
+    assert not usage_due(facts(6000, None), 0.8)
+    assert not usage_due(facts(6000, 6976), 0.8)  # still fits: wait for the line
+    assert usage_due(facts(6000, 6977), 0.8)
+    assert not usage_due(facts(6000, 7500, untrimmed=3199), 0.8)  # R-TRIG-3: E / 2 compressible
+    assert not usage_due(facts(6000, 7500), 0)  # R-CFG-4: no usage line at all

@@ -8,6 +8,7 @@ plain sqlite3 connection: a cached history does not show it, a reloaded one does
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -161,3 +162,41 @@ def test_the_cache_is_bounded_by_sessions_and_bytes_least_recently_used_first() 
     cache.drop("c")
     assert len(cache) == 0
     assert cache.size_bytes == 0
+
+
+# ---- the usage ledger: written in batches, never lost at close (issue 9) ------------------------
+def _ledger_rows(path: Path) -> int:
+    conn = sqlite3.connect(path)
+    try:
+        return int(conn.execute("SELECT COUNT(*) FROM ledger").fetchone()[0])
+    finally:
+        conn.close()
+
+
+async def test_usage_rows_wait_in_memory_and_any_ledger_query_sees_them(store: Store) -> None:
+    await store.record_usage(SID, "对话", "m", 100, 5, 20)
+    await store.record_usage(SID, "摘要", "m", 900, 50)
+    assert _ledger_rows(store.path) == 0  # no trip to the database per call
+    assert await store.usage_totals(SID) == {"对话": (100, 5), "摘要": (900, 50)}
+    assert _ledger_rows(store.path) == 2
+    await store.record_usage(SID, "对话", "m", 10, 1)
+    await store.flush_ledger()
+    assert _ledger_rows(store.path) == 3
+
+
+async def test_usage_rows_are_written_at_close_and_by_the_timer(tmp_path: Path) -> None:
+    store = Store(tmp_path / "memsum.db")
+    await store.open()
+    await store.record_usage(SID, "对话", "m", 100, 5)
+    await store.close()  # a shutdown loses nothing
+    assert _ledger_rows(tmp_path / "memsum.db") == 1
+    await store.open()
+    try:
+        await store.record_usage(SID, "对话", "m", 100, 5)
+        for _ in range(500):  # LEDGER_DELAY later, with nobody asking
+            if _ledger_rows(tmp_path / "memsum.db") == 2:
+                break
+            await asyncio.sleep(0.02)
+        assert _ledger_rows(tmp_path / "memsum.db") == 2
+    finally:
+        await store.close()

@@ -155,6 +155,8 @@ class CompressionService:
     _backoff: dict[str, Backoff] = field(default_factory=dict)
     """Back-offs read or written so far (a fresh `Backoff()` when the store has none)."""
     _runs: dict[str, _Run] = field(default_factory=dict)
+    _judged: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """(epoch, usage) of each session's last judged turn: the growth between two turns."""
     _commit_locks: defaultdict[str, asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
     _judging: set[str] = field(default_factory=set)
@@ -249,6 +251,7 @@ class CompressionService:
                 await self.store.delete_session(session_id)
         self._epoch[session_id] += 1
         self._backoff.pop(session_id, None)
+        self._judged.pop(session_id, None)
         self._latest_turn_usage.pop(session_id, None)
         self._latest_usage.pop(session_id, None)
         self.settings.forget_session(session_id)
@@ -319,6 +322,9 @@ class CompressionService:
         if sid in self._runs:
             return
         backoff = await self._set_backoff(sid, (await self._backoff_of(sid)).on_judged_turn())
+        previous = self._judged.get(sid)
+        growth = usage.usage - previous[1] if previous and previous[0] == self._epoch[sid] else 0
+        self._judged[sid] = (self._epoch[sid], usage.usage)
         facts = UsageFacts(
             turn_id=usage.turn_id,
             usage=usage.usage,
@@ -330,6 +336,7 @@ class CompressionService:
             history_limit=usage.history_limit,
             platform=usage.platform,
             platform_type=usage.platform_type,
+            next_usage=usage.usage + max(0, growth),
         )
         compress_at = await self.compress_at(sid, usage.platform, usage.platform_type)
         if not compression_due(facts, compress_at, event.outcome) or not backoff.may_run():

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 import aiosqlite
+from nonebot.log import logger
 
 from nonebot_plugin_memsum import clock
 from nonebot_plugin_memsum.errors import SchemaTooNewError, StoreError
@@ -57,6 +58,14 @@ _MESSAGE_COLUMNS = "id, role, content, name, tool_calls, tool_call_id, ts, metad
 _SESSION_COLUMNS = "id, platform, kind, place, peer, parent, room_class, created"
 _COMPRESSION_COLUMNS = (
     "session_id, ts, outcome, reason, tokens_before, tokens_after, kept, archived, requests, line"
+)
+
+
+LEDGER_DELAY = 1.0
+"""Seconds a usage row waits in memory for others to be written with (`Store.record_usage`)."""
+_LEDGER_INSERT = (
+    "INSERT INTO ledger (session_id, purpose, model, tokens_in, tokens_out, tokens_cached, ts)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
 
 
@@ -152,11 +161,13 @@ class Tx:
     append, `_appended`), nothing else is needed.
     """
 
-    __slots__ = ("_appended", "_db", "_open", "_touched")
+    __slots__ = ("_appended", "_db", "_ledger", "_open", "_touched")
 
-    def __init__(self, db: aiosqlite.Connection) -> None:
+    def __init__(self, db: aiosqlite.Connection, ledger: list[tuple[Any, ...]] | None = None) -> None:
         self._db = db
         self._open = True
+        self._ledger = [] if ledger is None else ledger
+        """The store's usage rows not written yet: any statement on the ledger writes them first."""
         self._appended: list[tuple[str, Message]] = []
         """Messages appended, in order: the cache extends a cached history with them."""
         self._touched: set[str] = set()
@@ -172,6 +183,8 @@ class Tx:
 
     async def _fetch(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         db = self._live()
+        if self._ledger and "ledger" in sql:
+            await self.write_ledger()
         try:
             # No row_factory: plain tuples, though aiosqlite annotates them as Row.
             return cast(list[tuple[Any, ...]], list(await db.execute_fetchall(sql, params)))
@@ -405,11 +418,19 @@ class Tx:
         tokens_cached: int = 0,
     ) -> None:
         """One call's tokens; `tokens_cached` is the part of `tokens_in` the provider's cache served."""
-        await self._fetch(
-            "INSERT INTO ledger (session_id, purpose, model, tokens_in, tokens_out, tokens_cached, ts)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (session_id, purpose, model, tokens_in, tokens_out, tokens_cached, clock.now()),
-        )
+        self._ledger.append((session_id, purpose, model, tokens_in, tokens_out, tokens_cached, clock.now()))
+        await self.write_ledger()
+
+    async def write_ledger(self) -> None:
+        """Write the usage rows waiting in memory, in one statement."""
+        db = self._live()
+        rows = list(self._ledger)
+        self._ledger.clear()
+        try:
+            await db.executemany(_LEDGER_INSERT, rows)
+        except sqlite3.Error as err:
+            self._ledger[:0] = rows  # kept for the next attempt
+            raise StoreError(f"store write failed: {err}") from err
 
     async def usage_totals(self, session_id: str) -> dict[str, tuple[int, int]]:
         """Tokens in and out per purpose for the session."""
@@ -592,6 +613,10 @@ class Store:
         """Session records seen; they never change once written."""
         self._history = HistoryCache()
         """Active histories, kept in step by every write that goes through a Tx."""
+        self._ledger: list[tuple[Any, ...]] = []
+        """Usage rows not written yet (`record_usage`)."""
+        self._ledger_timer: asyncio.TimerHandle | None = None
+        self._ledger_task: asyncio.Task[None] | None = None
 
     @property
     def path(self) -> Path:
@@ -641,6 +666,11 @@ class Store:
         """Wait for the running transaction, then close; a no-op when not open."""
         self._refuse_nested()
         async with self._lock:
+            if self._ledger_timer is not None:
+                self._ledger_timer.cancel()
+                self._ledger_timer = None
+            if self._db is not None and self._ledger:
+                await Tx(self._db, self._ledger).write_ledger()  # never lost on shutdown
             db, self._db = self._db, None
             if db is None:
                 return
@@ -659,7 +689,7 @@ class Store:
         still propagates.
         """
         async with self._held() as db:
-            tx = Tx(db)
+            tx = Tx(db, self._ledger)
             try:
                 await db.execute_fetchall("BEGIN IMMEDIATE")
                 yield tx
@@ -686,7 +716,7 @@ class Store:
         COMMIT saves two trips to the database thread on the per-message path.
         """
         async with self._held() as db:
-            tx = Tx(db)
+            tx = Tx(db, self._ledger)
             applied = False
             try:
                 yield tx
@@ -844,8 +874,27 @@ class Store:
         tokens_out: int,
         tokens_cached: int = 0,
     ) -> None:
-        async with self._statement() as tx:
-            await tx.record_usage(session_id, purpose, model, tokens_in, tokens_out, tokens_cached)
+        """Kept in memory and written with the others within LEDGER_DELAY seconds (or before
+        any query of the ledger, or at close): a model call costs no trip to the database.
+        A crash (not a shutdown) can lose the last second's rows."""
+        self._ledger.append((session_id, purpose, model, tokens_in, tokens_out, tokens_cached, clock.now()))
+        if self._ledger_timer is None:
+            self._ledger_timer = asyncio.get_running_loop().call_later(LEDGER_DELAY, self._flush_ledger_soon)
+
+    def _flush_ledger_soon(self) -> None:
+        self._ledger_timer = None
+        self._ledger_task = asyncio.ensure_future(self.flush_ledger())
+
+    async def flush_ledger(self) -> None:
+        """Write the usage rows waiting in memory now."""
+        if not self._ledger or self._db is None:
+            return
+        try:
+            async with self._statement() as tx:
+                await tx.write_ledger()
+        except StoreError as err:
+            # Kept for the next flush or the close; the ledger is bookkeeping, never a turn's failure.
+            logger.warning(f"memsum: writing the usage ledger failed: {err}")
 
     async def usage_totals(self, session_id: str) -> dict[str, tuple[int, int]]:
         async with self._statement() as tx:
