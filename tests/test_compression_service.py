@@ -1188,6 +1188,7 @@ async def test_r_mem_2_delete_session_cancels_the_run_and_removes_everything(mak
     assert (status.backoff_failures, status.compress_at, status.usage is not None) == (1, 0.3, True)
     other = SessionRecord(id="onebot:group:2", platform="onebot", kind="group", place="group:2")
     await seed(rt, 2, record=other, start=50)
+    await rt.store.flush_ledger()  # usage rows are written in batches (issue 9)
     before = await asyncio.to_thread(_session_rows, rt.store.path, GROUP.id)
     assert all(before.values()), before
 
@@ -1221,6 +1222,7 @@ async def test_r_mem_2_delete_session_waits_for_a_running_turn(env: Env) -> None
     chat_gate.open()
     assert await turn == "replied"
     await asyncio.wait_for(deleting, 10)
+    await rt.store.flush_ledger()
     assert await asyncio.to_thread(_session_rows, rt.store.path, GROUP.id) == {
         "messages": 0,
         "metadata": 0,

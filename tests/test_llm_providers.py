@@ -372,7 +372,8 @@ async def test_the_compression_line_uses_the_providers_prompt_tokens(rt: Runtime
     llm.push(replay("moonshot_stream_usage.sse"))
     await rt.agent.run_turn(GROUP.id, None, Entry("onebot", "group"))
     assert [e.usage for e in events if e.turn_id is not None] == [1336]
-    # The real store's ledger keeps the cache hit apart.
+    # The real store's ledger keeps the cache hit apart (written in batches: flushed here).
+    await rt.store.flush_ledger()
     with sqlite3.connect(rt.store.path) as con:
         rows = con.execute("SELECT purpose, tokens_in, tokens_out, tokens_cached FROM ledger").fetchall()
     assert rows == [("对话", 1336, 31, 1280)]

@@ -505,6 +505,7 @@ async def test_ledger_keeps_cached_prompt_tokens(store: Store) -> None:
     # A prompt-cache hit costs a fraction of a miss: the ledger keeps it apart (issue 8).
     await store.record_usage(SID, "chat", "ds/chat", 1200, 30, 1024)
     await store.record_usage(SID, "chat", "ds/chat", 100, 5)
+    await store.flush_ledger()  # rows are written in batches (issue 9)
     assert _raw(store.path, "SELECT tokens_in, tokens_out, tokens_cached FROM ledger ORDER BY id") == [
         (1200, 30, 1024),
         (100, 5, 0),
