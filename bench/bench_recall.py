@@ -320,7 +320,8 @@ async def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="memsum-bench-recall-") as tmp:
         folder = Path(tmp)
-        await bench_quality(folder, args.quality)
+        if args.quality:
+            await bench_quality(folder, args.quality)
         if args.compare:
             bench_compare(folder, args.compare)
         if args.messages:

@@ -259,16 +259,21 @@ def query_words(text: str) -> list[str]:
     return [unicodedata.normalize("NFKC", w).lower() for w in text.split() if _runs(w)]
 
 
-def neighbours(columns: str, *, before: bool) -> str:
-    """Up to N conversation messages of the session next to an id, not cleared; one index
-    range per archived state (the index is (session_id, archived, id))."""
-    op, order = ("<", "DESC") if before else (">", "ASC")
-    one = (
-        f"SELECT {columns} FROM messages WHERE session_id = ? AND archived = {{a}} AND id {op} ?"
-        f" AND id > ? AND event_marker = 0 AND role IN {SEARCH_ROLES!r} AND trim(content) != ''"
-        f" ORDER BY id {order} LIMIT ?"
-    )
-    return f"SELECT * FROM ({one.format(a=0)}) UNION ALL SELECT * FROM ({one.format(a=1)})"
+def neighbours(columns: str, hits: int) -> str:
+    """For each of `hits` ids, up to N conversation messages of the session before it and
+    after it, not cleared, in one statement (one trip to the database thread); every part
+    is an index range of (session_id, archived, id), tagged `k` = 2 × hit + (0 before, 1 after).
+    Parameters per part: session id, the hit's id, the cleared watermark, N."""
+    parts = []
+    for k in range(2 * hits):
+        op, order = (">", "ASC") if k % 2 else ("<", "DESC")
+        for archived in (0, 1):
+            parts.append(
+                f"SELECT * FROM (SELECT {k} AS k, {columns} FROM messages WHERE session_id = ?"
+                f" AND archived = {archived} AND id {op} ? AND id > ? AND event_marker = 0"
+                f" AND role IN {SEARCH_ROLES!r} AND trim(content) != '' ORDER BY id {order} LIMIT ?)"
+            )
+    return " UNION ALL ".join(parts)
 
 
 async def cleared_upto(db: aiosqlite.Connection, session_id: str) -> int:

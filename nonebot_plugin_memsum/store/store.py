@@ -369,24 +369,22 @@ class Tx:
             f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE id IN ({marks})", tuple(i for _, i in ranked)
         )
         by_id = {row[0]: _message_from_row(row) for row in rows}
-        hits = []
-        for score, msg_id in ranked:
-            msg = by_id[msg_id]
-            before = await self._near(query.session_id, msg_id, wm, context, before=True)
-            after = await self._near(query.session_id, msg_id, wm, context, before=False)
-            hits.append(SearchHit(msg, score, before, after))
-        return hits
+        near: list[list[tuple[Any, ...]]] = [[] for _ in range(2 * len(ranked))]
+        if context > 0:
+            params = [(query.session_id, i, wm, context) for _, i in ranked for _ in range(4)]
+            for row in await self._fetch(
+                search.neighbours(_MESSAGE_COLUMNS, len(ranked)), tuple(p for part in params for p in part)
+            ):
+                near[row[0]].append(row[1:])
 
-    async def _near(
-        self, session_id: str, msg_id: int | None, wm: int, count: int, *, before: bool
-    ) -> tuple[Message, ...]:
-        if count <= 0:
-            return ()
-        rows = await self._fetch(
-            search.neighbours(_MESSAGE_COLUMNS, before=before), (session_id, msg_id, wm, count) * 2
-        )
-        rows.sort(key=lambda r: r[0], reverse=before)  # nearest first, then back to storage order
-        return tuple(_message_from_row(r) for r in sorted(rows[:count], key=lambda r: r[0]))
+        def closest(k: int) -> tuple[Message, ...]:
+            rows = sorted(near[k], key=lambda r: r[0], reverse=k % 2 == 0)[:context]  # nearest first
+            return tuple(_message_from_row(r) for r in sorted(rows, key=lambda r: r[0]))
+
+        return [
+            SearchHit(by_id[msg_id], score, closest(2 * n), closest(2 * n + 1))
+            for n, (score, msg_id) in enumerate(ranked)
+        ]
 
     async def get_settings(self, scope: str, scope_key: str) -> dict[str, Any]:
         """Every setting stored for one scope key, by name."""
