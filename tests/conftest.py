@@ -3,8 +3,9 @@ import the package at module level; nonebug's own init fixture is replaced by th
 and its session lifespan starts the plugin against a temporary database."""
 
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import nonebot
 import pytest
@@ -12,6 +13,9 @@ from nonebot.adapters.onebot.v11 import Adapter as OneBotV11Adapter
 from nonebug import App
 
 from tests.fakes.llm_server import ScriptedLLM
+
+if TYPE_CHECKING:
+    from tests.fakes.agent import MakeRuntime
 
 _TMP = Path(tempfile.mkdtemp(prefix="memsum-tests-"))
 INIT_KWARGS = {
@@ -68,3 +72,31 @@ def admin_option(app: App, request: pytest.FixtureRequest, monkeypatch: pytest.M
     rt = runtime.get()
     monkeypatch.setattr(rt, "config", rt.config.model_copy(update={"memsum_group_admin_commands": value}))
     return value
+
+
+@pytest.fixture
+async def make_rt(tmp_path: Path, llm: ScriptedLLM) -> AsyncIterator["MakeRuntime"]:
+    """The agent tests' private runtimes on a fresh database; `model={...}` overrides the
+    model's fields, other keywords the Config's."""
+    from nonebot_plugin_memsum import runtime
+    from nonebot_plugin_memsum.config import Config, ModelConfig
+    from nonebot_plugin_memsum.runtime import Runtime
+    from tests.fakes.agent import MODEL_ID, PERSONA, summaries_only
+
+    built: list[Runtime] = []
+
+    async def make(model: dict[str, Any] | None = None, **config: Any) -> Runtime:
+        models = [ModelConfig(**llm.model_config(MODEL_ID, **(model or {})))]
+        cfg = Config(memsum_models=models, memsum_persona=PERSONA, **config)
+        rt = await runtime.build(cfg, tmp_path / f"memsum-{len(built)}.db", ["小记"], {"10001"})
+        built.append(rt)
+        return rt
+
+    llm.reset()
+    llm.on_request(summaries_only)
+    try:
+        yield make
+    finally:
+        for rt in built:
+            await runtime.close(rt)
+        llm.reset()
