@@ -15,7 +15,10 @@ from nonebug import App
 from tests.fakes.llm_server import ScriptedLLM
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from tests.fakes.agent import MakeRuntime
+    from tests.fakes.service import Env, Make
 
 _TMP = Path(tempfile.mkdtemp(prefix="memsum-tests-"))
 INIT_KWARGS = {
@@ -100,3 +103,63 @@ async def make_rt(tmp_path: Path, llm: ScriptedLLM) -> AsyncIterator["MakeRuntim
         for rt in built:
             await runtime.close(rt)
         llm.reset()
+
+
+@pytest.fixture
+async def make(tmp_path: Path) -> AsyncIterator["Make"]:
+    """The compression service tests' private runtimes: a chat model and a summary model
+    (the summary preference) on one server."""
+    from nonebot.log import logger
+
+    from nonebot_plugin_memsum import runtime
+    from nonebot_plugin_memsum.agent.events import CompressionProgress
+    from nonebot_plugin_memsum.config import Config
+    from tests.fakes.service import CHAT_MODEL, OWNER, SUMMARY_MODEL, Env, Model
+
+    built: list[tuple[Env, ScriptedLLM, int]] = []
+
+    async def build(
+        *,
+        chat: dict[str, Any] | None = None,
+        summary: dict[str, Any] | None = None,
+        models: "Callable[[ScriptedLLM], list[dict[str, Any]]] | None" = None,
+        **config: Any,
+    ) -> "Env":
+        llm = ScriptedLLM().start()
+        model = Model(llm)
+        if models is None:
+            entries = [
+                llm.model_config(CHAT_MODEL, priority=1, **(chat or {})),
+                llm.model_config(SUMMARY_MODEL, **(summary or {})),
+            ]
+        else:
+            entries = models(llm)
+        cfg = Config.model_validate(
+            {
+                "memsum_models": entries,
+                "memsum_chat_model": CHAT_MODEL,
+                "memsum_summary_model": SUMMARY_MODEL,
+                **config,
+            }
+        )
+        rt = await runtime.build(cfg, tmp_path / f"memsum-{len(built)}.db", [], {OWNER})
+        progress: list[CompressionProgress] = []
+        rt.bus.subscribe(CompressionProgress, progress.append)
+        warnings: list[str] = []
+        sink = logger.add(lambda m: warnings.append(m.record["message"]), level="WARNING")
+        env = Env(rt, model, progress, warnings)
+        built.append((env, llm, sink))
+        return env
+
+    yield build
+    for env, llm, sink in built:
+        for g in env.model.gates:
+            g.open()
+        await runtime.close(env.rt)
+        logger.remove(sink)
+        llm.stop()
+
+
+@pytest.fixture
+async def env(make: "Make") -> "Env":
+    return await make()

@@ -1,0 +1,367 @@
+"""Background compression at turn end (R-TRIG), the back-off over many turns (R-BACK-3/4)
+and the turn that starts a compression (issue 9), through real turns."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from nonebot_plugin_memsum.agent.events import (
+    CompressionProgress,
+    TurnEnded,
+    TurnStarted,
+    UsageEvent,
+)
+from nonebot_plugin_memsum.compression.service import (
+    CLEARED,
+    DIVIDER,
+)
+from tests.fakes.llm_server import Reply
+from tests.fakes.service import (
+    GROUP,
+    IN_GROUP,
+    NOTHING_KEPT,
+    Env,
+    Make,
+    committing,
+    due_usage,
+    held_turn,
+    seed,
+    settle,
+    summary_of,
+    usage,
+)
+
+# ---- R-TRIG: background compression at turn end ---------------------------------------------------------
+# The chat model of these: window 10000 at compress_at 0.5 → E = min(5000, 10000 − 1024) = 5000.
+TRIG: dict[str, Any] = {"chat": {"context_window": 10000}, "memsum_compress_at": 0.5}
+
+
+def turn_usages(env: Env) -> list[UsageEvent]:
+    events: list[UsageEvent] = []
+    env.rt.bus.subscribe(UsageEvent, lambda e: events.append(e) if e.turn_id else None)
+    return events
+
+
+async def test_r_trig_3_usage_at_the_line_with_enough_compressible_compresses(make: Make) -> None:
+    env = await make(**TRIG)
+    rt, model = env.rt, env.model
+    await seed(rt, 30, size=120)
+    usages = turn_usages(env)
+    model.chat.append(Reply("好的", usage=usage(5000)))
+    await rt.agent.run_turn(GROUP.id, entry=IN_GROUP)
+    await settle(rt)
+    assert usages[-1].usage == 5000
+    assert 2 * usages[-1].untrimmed_history >= 5000
+    assert len(model.summary_requests()) == 1
+    assert env.phases() == [("start", None), ("done", None)]
+
+
+async def test_r_trig_3_usage_under_the_line_does_not_compress(make: Make) -> None:
+    env = await make(**TRIG)
+    rt, model = env.rt, env.model
+    await seed(rt, 30, size=120)
+    model.chat.append(Reply("好的", usage=usage(4999)))
+    await rt.agent.run_turn(GROUP.id, entry=IN_GROUP)
+    await settle(rt)
+    assert model.summary_requests() == []
+
+
+async def test_r_trig_3_small_compressible_part_does_not_compress(make: Make) -> None:
+    env = await make(**TRIG)
+    rt, model = env.rt, env.model
+    await seed(rt, 3)
+    usages = turn_usages(env)
+    model.chat.append(Reply("好的", usage=usage(9000)))  # persona and tools, not history
+    await rt.agent.run_turn(GROUP.id, entry=IN_GROUP)
+    await settle(rt)
+    assert 2 * usages[-1].untrimmed_history < 5000
+    assert model.summary_requests() == []
+
+
+async def test_r_trig_3_hard_trimmed_turn_counts_as_reaching_the_line(make: Make) -> None:
+    # Trim budget ⌊0.3 × 10000⌋ − 1024 = 1976 = E; the model reports only 100.
+    env = await make(**TRIG, memsum_trim_ratio=0.3)
+    rt, model = env.rt, env.model
+    await seed(rt, 30, size=120)
+    usages = turn_usages(env)
+    await rt.agent.run_turn(GROUP.id, entry=IN_GROUP)
+    await settle(rt)
+    assert usages[-1].trimmed
+    assert usages[-1].usage == 100
+    assert len(model.summary_requests()) == 1
+
+
+@pytest.mark.parametrize(
+    ("messages", "reply", "due"),
+    [
+        pytest.param(5, "好的", True, id="replied_counts_one_more"),
+        pytest.param(5, "[不回复]", False, id="silent_record_not_counted"),
+        pytest.param(4, "好的", False, id="under_the_line"),
+    ],
+)
+async def test_r_trig_4_count_line(make: Make, messages: int, reply: str, due: bool) -> None:
+    env = await make(memsum_history_limit=6)
+    rt, model = env.rt, env.model
+    await seed(rt, messages)
+    model.chat.append(Reply(reply, usage=usage(100)))
+    await rt.agent.run_turn(GROUP.id, entry=IN_GROUP)
+    await settle(rt)
+    assert len(model.summary_requests()) == int(due)
+
+
+async def test_r_trig_4_count_line_from_the_session_setting(env: Env) -> None:
+    rt, model = env.rt, env.model
+    await rt.settings.set("history_limit", "session", GROUP.id, 4)
+    await seed(rt, 3)
+    await rt.agent.run_turn(GROUP.id, entry=IN_GROUP)
+    await settle(rt)
+    assert len(model.summary_requests()) == 1
+
+
+TOOL_ROUND = Reply(
+    "", tool_calls=[{"id": "call_1", "name": "todo_write", "arguments": '{"items": []}'}], usage=usage(100)
+)
+
+
+@pytest.mark.parametrize(
+    ("second", "outcome", "compressed"),
+    [
+        pytest.param(Reply(status=400, error="bad request"), "error", False, id="error_not_judged"),
+        pytest.param(Reply("好的", usage=usage(100)), "replied", True, id="replied_judged"),
+    ],
+)
+async def test_r_trig_2_failed_turn_is_not_judged(
+    make: Make, second: Reply, outcome: str, compressed: bool
+) -> None:
+    env = await make(memsum_history_limit=2)
+    rt, model = env.rt, env.model
+    await seed(rt, 3)
+    model.chat.extend([TOOL_ROUND, second])  # the turn's first call is due by count
+    assert await rt.agent.run_turn(GROUP.id, entry=IN_GROUP) == outcome
+    await settle(rt)
+    assert len(model.summary_requests()) == int(compressed)
+
+
+async def test_r_trig_2_aborted_turn_is_not_judged(make: Make) -> None:
+    env = await make(memsum_history_limit=2)
+    rt, model = env.rt, env.model
+    await seed(rt, 3)
+    gate = model.gate(Reply("好的", usage=usage(100)))
+    model.chat.extend([TOOL_ROUND, gate])
+    ended: list[TurnEnded] = []
+    rt.bus.subscribe(TurnEnded, ended.append)
+    turn = asyncio.create_task(rt.agent.run_turn(GROUP.id, entry=IN_GROUP))
+    await gate.reached()
+    turn.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await turn
+    await settle(rt)
+    assert [e.outcome for e in ended] == ["aborted"]
+    assert model.summary_requests() == []
+
+
+async def test_r_trig_5_snapshot_and_left_over_usage_are_not_judged(env: Env) -> None:
+    rt, model = env.rt, env.model
+    bus = rt.bus
+    await seed(rt, 3)
+    # A snapshot only: never judged.
+    await bus.emit(TurnStarted("t1", GROUP.id))
+    await bus.emit(due_usage(None))
+    await bus.emit(TurnEnded("t1", GROUP.id, "replied"))
+    # A usage left over from t2 is not t3's.
+    await bus.emit(TurnStarted("t2", GROUP.id))
+    await bus.emit(TurnEnded("t2", GROUP.id, "error"))
+    await bus.emit(due_usage("t2"))
+    await bus.emit(TurnStarted("t3", GROUP.id))
+    await bus.emit(TurnEnded("t3", GROUP.id, "replied"))
+    await settle(rt)
+    assert model.summary_requests() == []
+    # The same usage with its own turn id is judged (the control).
+    await bus.emit(TurnStarted("t4", GROUP.id))
+    await bus.emit(due_usage("t4"))
+    await bus.emit(TurnEnded("t4", GROUP.id, "replied"))
+    await settle(rt)
+    assert len(model.summary_requests()) == 1
+
+
+async def test_r_trig_5_not_judged_after_a_compression_since_the_turn_started(env: Env) -> None:
+    rt, model = env.rt, env.model
+    bus = rt.bus
+    await seed(rt, 3)
+    await bus.emit(TurnStarted("t1", GROUP.id))
+    await rt.compression.compress(GROUP.id)
+    await seed(rt, 3, start=3)
+    await bus.emit(due_usage("t1"))
+    await bus.emit(TurnEnded("t1", GROUP.id, "replied"))
+    await settle(rt)
+    assert len(model.summary_requests()) == 1  # the manual one only
+
+
+async def test_r_trig_5_not_judged_after_a_clear_since_the_turn_started(make: Make) -> None:
+    env = await make(memsum_history_limit=2)
+    rt, model = env.rt, env.model
+    await seed(rt, 3)
+    turn, gate = await held_turn(env, Reply("好的", usage=usage(100)))
+    await rt.compression.clear(GROUP.id, "context")
+    await seed(rt, 3, start=3)
+    gate.open()
+    assert await turn == "replied"
+    await settle(rt)
+    assert model.summary_requests() == []
+
+
+async def test_r_trig_5_background_commit_waits_for_the_running_turn(make: Make) -> None:
+    env = await make(memsum_history_limit=2)
+    rt, model = env.rt, env.model
+    await seed(rt, 3)
+    summary_gate = model.hold_summary()
+    assert await rt.agent.run_turn(GROUP.id, entry=IN_GROUP) == "replied"  # due: background starts
+    await summary_gate.reached()
+    second, chat_gate = await held_turn(env, Reply("第二轮的回答", usage=usage(100)))
+    in_turn_at_done: list[bool] = []
+    rt.bus.subscribe(
+        CompressionProgress,
+        lambda p: in_turn_at_done.append(rt.agent.in_turn(GROUP.id)) if p.phase == "done" else None,
+    )
+    summary_gate.open()
+    await committing(rt)
+    history = await rt.store.get_history(GROUP.id)
+    assert await summary_of(rt) is None
+    assert DIVIDER not in [m.content for m in history]
+    chat_gate.open()
+    assert await second == "replied"
+    await settle(rt)
+    assert in_turn_at_done == [False]
+    active = await rt.store.get_history(GROUP.id)
+    # The second turn's reply is after the cut; the divider comes after it.
+    assert [m.content for m in active] == ["第二轮的回答", DIVIDER]
+
+
+# ---- R-BACK-3/4: the back-off over many turns ------------------------------------------------------
+FAIL = Reply(status=500, error="summariser down", headers={"Retry-After": "0"})
+
+
+async def drive(
+    env: Env, turns: int, starts: list[int], *, before: Callable[[int], Any] | None = None
+) -> None:
+    """`turns` turns, each due by count; the numbers of the turns whose end started a run go to `starts`."""
+    rt = env.rt
+    first = len(await rt.store.get_history(GROUP.id)) + 1000
+    for n in range(1, turns + 1):
+        if before is not None:
+            await before(n)
+        await seed(rt, 1, start=first + n)
+        seen = len(env.phases())
+        await rt.agent.run_turn(GROUP.id, entry=IN_GROUP)
+        await settle(rt)
+        if ("start", None) in env.phases()[seen:]:
+            starts.append(n)
+
+
+async def test_r_back_3_retries_at_2_4_8_16_32_then_every_32(make: Make) -> None:
+    env = await make(memsum_history_limit=2)
+    env.model.summary_default = FAIL
+    starts: list[int] = []
+    await drive(env, 96, starts)
+    # First failure at turn 1; then 2, 4, 8, 16, 32, 32 judged turns later.
+    assert starts == [1, 3, 7, 15, 31, 63, 95]
+    assert [p for p, _ in env.phases()] == ["start", "error"] * 7
+    status = await env.rt.compression.status(GROUP.id)
+    assert status.backoff_failures == 7
+
+
+async def test_r_back_4_success_forgets_the_back_off(make: Make) -> None:
+    env = await make(memsum_history_limit=2)
+    model = env.model
+    model.summary_default = FAIL
+    starts: list[int] = []
+
+    async def before(n: int) -> None:
+        # Succeed once at the third attempt (turn 7), fail again afterwards.
+        model.summary_default = Reply(NOTHING_KEPT) if n == 7 else FAIL
+
+    await drive(env, 12, starts, before=before)
+    assert starts == [1, 3, 7, 8, 10]
+    assert [p for p, _ in env.phases()] == ["start", "error", "start", "error", "start", "done"] + [
+        "start",
+        "error",
+    ] * 2
+
+
+async def test_r_back_4_clear_forgets_the_back_off(make: Make) -> None:
+    env = await make(memsum_history_limit=2)
+    env.model.summary_default = FAIL
+    starts: list[int] = []
+
+    async def before(n: int) -> None:
+        if n == 2:
+            await env.rt.compression.clear(GROUP.id, "context")
+
+    await drive(env, 3, starts, before=before)
+    assert starts == [1, 2]  # no wait of 2 after the clear
+
+
+async def test_r_back_4_run_cancelled_by_a_clear_is_no_failure(make: Make) -> None:
+    env = await make(memsum_history_limit=2)
+    rt, model = env.rt, env.model
+    await seed(rt, 2)
+    gate = model.hold_summary()
+    await rt.agent.run_turn(GROUP.id, entry=IN_GROUP)  # due: the background run waits on the model
+    await gate.reached()
+    await rt.compression.clear(GROUP.id, "context")
+    await settle(rt)
+    assert env.phases() == [("start", None), ("error", CLEARED)]
+    assert (await rt.compression.status(GROUP.id)).backoff_failures == 0
+    await seed(rt, 1, start=10)
+    await rt.agent.run_turn(GROUP.id, entry=IN_GROUP)  # due again: runs at once
+    await settle(rt)
+    assert [p for p, _ in env.phases()] == ["start", "error", "start", "done"]
+    gate.open()
+
+
+# ---- issue 9: no hard trim on the turn that starts a compression ----------------------------------
+async def test_r_trig_3_a_turn_expected_to_be_trimmed_next_starts_the_compression_now(make: Make) -> None:
+    # Window 8000: trim budget 8000 − 1024 = 6976, line E = 6400; between two turns the history
+    # grows by about 1500 tokens, more than the 576 between E and the trim budget. R-TRIG-3 alone
+    # compresses once a turn was trimmed; judged against the next request as well, the
+    # compression starts a turn early and no turn is ever trimmed.
+    env = await make(chat={"context_window": 8000})
+    env.model.chat_default = Reply("好的", usage=None)  # the usage is the plugin's own estimate
+    events: list[UsageEvent] = []
+    env.rt.bus.subscribe(UsageEvent, events.append)
+    starts: list[UsageEvent] = []
+    for n in range(40):
+        await seed(env.rt, 20, start=100 * n, size=60)
+        seen = len(env.phases())
+        await env.rt.agent.run_turn(GROUP.id, entry=IN_GROUP)
+        await settle(env.rt)
+        if ("start", None) in env.phases()[seen:]:
+            starts.append(events[-1])
+    judged = [e for e in events if e.turn_id is not None]
+    assert len(starts) >= 2
+    assert [e for e in judged if e.trimmed] == []
+    assert all(e.line == 6400 and e.trim_budget == 6976 for e in judged)
+    # At least one run started below the line: the next request was expected over the trim budget.
+    assert any(e.usage < 6400 for e in starts)
+    assert env.phases().count(("done", None)) == len(starts)
+
+
+def test_r_trig_3_next_usage_over_the_trim_budget_counts_as_trimmed() -> None:
+    from nonebot_plugin_memsum.compression.trigger import UsageFacts, usage_due
+
+    def facts(usage: int, next_usage: int | None, untrimmed: int = 5000) -> UsageFacts:
+        return UsageFacts(
+            turn_id="t", usage=usage, window=8000, trim_budget=6976, trimmed=False,
+            untrimmed_history=untrimmed, history_messages=10, history_limit=0,
+            platform=None, platform_type=None, next_usage=next_usage,
+        )  # fmt: skip
+
+    assert not usage_due(facts(6000, None), 0.8)
+    assert not usage_due(facts(6000, 6976), 0.8)  # still fits: wait for the line
+    assert usage_due(facts(6000, 6977), 0.8)
+    assert not usage_due(facts(6000, 7500, untrimmed=3199), 0.8)  # R-TRIG-3: E / 2 compressible
+    assert not usage_due(facts(6000, 7500), 0)  # R-CFG-4: no usage line at all
