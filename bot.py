@@ -5,11 +5,34 @@ plugins listed under `[tool.nonebot]` of a `pyproject.toml` in that folder (wher
 `nb plugin install` puts them) are loaded too.
 """
 
+import os
 import sys
 from pathlib import Path
 
 import nonebot
 from nonebot.adapters.onebot.v11 import Adapter as OneBotV11Adapter
+from nonebot.log import default_filter, default_format, logger, logger_id
+
+# NoneBot logs every event with its text (SUCCESS) and every matcher run (INFO): at a
+# thousand groups that is most of the log, and what /清除 removed would live on in it.
+# Those lines show at LOG_LEVEL=DEBUG only; their warnings and errors stay.
+# NoneBot names every record "nonebot"; the file tells them apart.
+_PER_EVENT = (
+    os.path.join("nonebot", "message.py"),
+    os.path.join("nonebot", "internal", "matcher", "matcher.py"),
+)
+
+
+def _log_filter(record) -> bool:
+    if record["file"].path.endswith(_PER_EVENT) and record["level"].no < logger.level("WARNING").no:
+        configured = record["extra"].get("nonebot_log_level", "INFO")
+        level = logger.level(configured).no if isinstance(configured, str) else configured
+        return level <= logger.level("DEBUG").no
+    return default_filter(record)
+
+
+logger.remove(logger_id)
+logger.add(sys.stdout, level=0, diagnose=False, filter=_log_filter, format=default_format)
 
 nonebot.init()
 nonebot.get_driver().register_adapter(OneBotV11Adapter)

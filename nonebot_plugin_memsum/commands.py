@@ -33,6 +33,7 @@ from . import clock, onebot, runtime, usage
 from .agent import recall
 from .compression.service import STORE_FAILED, CompressionError, CompressionResult, SessionStatus
 from .config import PERSONA_MAX, Config, Mode
+from .lru import LRU
 from .permission import SUPERUSER, SUPERUSER_OR_GROUP_ADMIN
 from .settings import MODE_WORDS, Resolved, SettingName, place_key, place_scope, validate
 from .store import SearchQuery, StoreError
@@ -405,7 +406,7 @@ async def _help(call: _Call) -> str:
 
 
 # ---- confirmation of /清除 上下文 -----------------------------------------------------
-_pending: dict[tuple[str, str], float] = {}
+_pending: LRU[tuple[str, str], float] = LRU()
 """(session id, user id) → the moment the offer to clear the context runs out."""
 
 
@@ -512,6 +513,10 @@ def is_memsum_command(state: T_State) -> bool:
     """Whether NoneBot read the message as one of our commands (the recording matcher
     leaves those alone: a command the sender may not use is not ours to record)."""
     return state.get(PREFIX_KEY, {}).get(CMD_KEY) in _NAMES
+
+
+COMMAND_NAMES: tuple[str, ...] = tuple(c.name for c in COMMANDS if c.name)
+"""What a fetched message is skipped for: a command is answered, never stored."""
 
 
 def _handler(name: str, flow: Flow) -> Callable[..., Awaitable[None]]:

@@ -148,6 +148,16 @@ class Config(BaseModel):
     """Let group owners and admins use /压缩 /摘要 /清除 /记忆模式 /人设 /用量 in their own group."""
     memsum_forward_threshold: int = Field(default=300, ge=0)
     """Replies longer than this many characters go out as merged-forward messages in groups; 0 = never."""
+    memsum_resume_window: float = Field(default=300, ge=0)
+    """Seconds: at start-up and on (re)connect, questions to the bot younger than this that
+    have no answer yet get their turn; older ones are left alone. 0 = off."""
+    memsum_backfill_hours: float = Field(default=24, ge=0, le=168)
+    """On connect, groups (and private chats) with a message stored in the last this many
+    hours fetch what was said while the bot was away (`get_group_msg_history`)."""
+    memsum_backfill_count: int = Field(default=50, ge=0, le=1000)
+    """At most this many messages fetched per session on connect; 0 = no backfill."""
+    memsum_compress_concurrency: int = Field(default=2, ge=1, le=64)
+    """Compressions running at once across all sessions; the rest wait, oldest due first."""
     memsum_command_priority: int = Field(default=5, ge=0)
     """Matcher priority of the commands."""
     memsum_chat_priority: int = Field(default=50, ge=0)

@@ -8,9 +8,12 @@ the plugin opens nothing.
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from nonebot.log import logger
 
@@ -51,6 +54,8 @@ class Runtime:
 
 
 _current: Runtime | None = None
+STOP_GRACE = 10.0
+"""Seconds a SIGTERM waits for the turns in flight before the server shuts down."""
 
 
 def get() -> Runtime:
@@ -69,7 +74,52 @@ async def start(config: Config, db_path: Path, nicknames: list[str], superusers:
             f"memsum: database {db_path}; chat model {chat.id if chat else '-'}, "
             f"summary model {summary.id if summary else '-'}; tokenizer {encoding_name()}"
         )
+        await resume(_current)
+        _defer_sigterm(_current)
     return _current
+
+
+async def resume(rt: Runtime) -> None:
+    """Start-up after a stop or a crash: queue the compressions it interrupted; report the
+    replies it may have cut (marked as being sent, never as sent: not sent again)."""
+    resumed = await rt.compression.resume()
+    cut = await rt.store.replies_being_sent()
+    if resumed or cut:
+        logger.info(
+            f"memsum: {resumed} interrupted compressions queued again; {len(cut)} replies were being"
+            " sent when the last run stopped (not sent again)"
+        )
+
+
+def _defer_sigterm(rt: Runtime) -> None:
+    """On SIGTERM let the turns in flight finish (up to STOP_GRACE s) while the connection
+    is still up, then hand the signal to the server's own handler (uvicorn's shutdown).
+    Their questions need no second turn; anything asked meanwhile is stored and answered
+    at the next start. A second SIGTERM, or Ctrl-C, stops at once."""
+    previous = signal.getsignal(signal.SIGTERM)
+    if not callable(previous):
+        return
+    loop = asyncio.get_running_loop()
+    draining: set[asyncio.Task[None]] = set()
+
+    async def drain(signum: int) -> None:
+        logger.info("memsum: SIGTERM: letting the turns in flight finish before stopping")
+        left = await rt.agent.drain(STOP_GRACE)
+        if left:
+            logger.warning(f"memsum: {left} turns still running after {STOP_GRACE:.0f} s; stopping anyway")
+        previous(signum, None)
+
+    def handler(signum: int, frame: FrameType | None) -> Any:
+        if draining or rt.agent.draining:
+            return previous(signum, frame)
+        rt.agent.draining = True  # from here no new turn starts
+        # call_soon_threadsafe wakes the loop, which may sleep in select().
+        loop.call_soon_threadsafe(lambda: draining.add(loop.create_task(drain(signum))))
+
+    try:
+        signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave the signal to whoever runs us
+        return
 
 
 async def build(config: Config, db_path: Path, nicknames: list[str], superusers: set[str]) -> Runtime:

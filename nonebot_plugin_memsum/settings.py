@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .config import PERSONA_MAX, Config, Mode, Tier
+from .lru import LRU
 from .store import Store
 from .types import SessionRecord
 
@@ -139,7 +140,7 @@ class Settings:
     def __init__(self, store: Store, config: Config) -> None:
         self._store = store
         self._config = config
-        self._stored: dict[tuple[str, str], dict[str, Any]] = {}
+        self._stored: LRU[tuple[str, str], dict[str, Any]] = LRU()
         """Stored layers read so far: they change only through this object, and every
         turn reads them twice (the agent, then the trigger at turn end)."""
 

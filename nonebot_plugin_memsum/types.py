@@ -42,6 +42,12 @@ class Message:
     tokens: int | None = field(default=None, compare=False)
     """The token estimate taken when it was stored (None: unknown), so a prompt over a
     long history does not re-tokenise it after a restart."""
+    platform_id: str | None = field(default=None, compare=False)
+    """The platform's id of the message (OneBot `message_id`): a message fetched again
+    after a reconnect is recognised by it and stored once."""
+    addressed: bool = field(default=False, compare=False)
+    """The message asked the bot for an answer (@, a reply to it, its nickname, a private
+    chat): start-up finds questions a crash left unanswered by it."""
 
     @property
     def is_conversation(self) -> bool:

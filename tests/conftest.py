@@ -27,6 +27,10 @@ INIT_KWARGS = {
     "nickname": {"小记"},
     "command_start": {"/"},
     "memsum_db_path": str(_TMP / "plugin.db"),
+    # nonebug expects every API call a test makes: no history fetch or resumed answer on
+    # connect here (tests/test_crash_e2e.py covers them through a real bot process).
+    "memsum_backfill_count": 0,
+    "memsum_resume_window": 0,
     "localstore_data_dir": str(_TMP / "data"),
     "localstore_cache_dir": str(_TMP / "cache"),
     "localstore_config_dir": str(_TMP / "config"),

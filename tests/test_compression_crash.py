@@ -1,12 +1,18 @@
-"""R-RUN-11 atomicity under SIGKILL: workers that append and compress in a loop are killed
-at random moments, again and again, on the same database file.
+"""R-RUN-11 atomicity and issue 15 under SIGKILL: workers that record, backfill, answer and
+compress in a loop are killed at random moments (during turns, reply sends, backfills and
+compressions), again and again, on the same database file; each start resumes what the
+last one left, as the bot's start-up does.
 
 Two workers share the file (sessions of their own), each killed and restarted in turn,
 so a kill also lands while the other process holds or waits for the write lock. After
 every kill, and at the end:
 - `PRAGMA integrity_check` is ok;
 - no message is lost: every message a worker reported as appended (it reports after the
-  commit) is stored exactly once, active or archived;
+  commit) is stored exactly once, active or archived, and no platform message id twice in
+  a session (a backfill fetches what is stored again);
+- no question is answered twice: the replies of a session (reported from inside the reply
+  function, after the mark) cover strictly increasing message ranges; after a last start
+  every question is covered by its session's reply mark;
 - every session is in an old or a new state, never a mixture: without a summary nothing is
   archived and no divider exists; with one, exactly one active divider, whose timestamp is
   the summary's time (both written in one commit), every archived message is older than
@@ -16,6 +22,7 @@ every kill, and at the end:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import random
 import signal
@@ -32,7 +39,7 @@ from pathlib import Path
 WORKER = Path(__file__).parent / "fakes" / "crash_worker.py"
 REPO = Path(__file__).resolve().parents[1]
 DIVIDER = "对话已压缩"
-KILLS_PER_WORKER = 26
+KILLS_PER_WORKER = 16
 WORKERS = 2
 DELAY = (0.05, 0.6)
 """Seconds between a worker's `ready` and its SIGKILL."""
@@ -45,6 +52,8 @@ class Reports:
     appended: dict[str, str] = field(default_factory=dict)
     """content → session id"""
     compressions: int = 0
+    sent: dict[str, list[int]] = field(default_factory=dict)
+    """session id → the `upto` of each reply, in the order sent"""
     failures: list[str] = field(default_factory=list)
     """Compressions that failed: none should (each session works in order)."""
     kills: int = 0
@@ -60,6 +69,9 @@ class Reports:
                     self.appended[content] = sid
                 elif kind == "compressed":
                     self.compressions += 1
+                elif kind == "sent":
+                    sid, _, upto = rest.partition(" ")
+                    self.sent.setdefault(sid, []).append(int(upto))
                 elif kind == "failed":
                     self.failures.append(rest)
 
@@ -71,12 +83,12 @@ class Reports:
 class Worker:
     """One worker process; its stdout lines are collected by a thread until EOF."""
 
-    def __init__(self, db: Path, slot: int, log: Path) -> None:
+    def __init__(self, db: Path, slot: int, log: Path, *mode: str) -> None:
         self.lines: list[str] = []
         self.ready = threading.Event()
         with log.open("ab") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, str(WORKER), str(db), str(slot)],
+                [sys.executable, str(WORKER), str(db), str(slot), *mode],
                 stdout=subprocess.PIPE,
                 stderr=err,
                 cwd=REPO,
@@ -121,6 +133,13 @@ def lineage(db: Path, slot: int, log: Path, reports: Reports, seed: int) -> None
         with reports.lock:
             reports.kills += 1
         check(db, reports.snapshot())
+    # A last start answers what the last kill left unanswered, and stops.
+    worker = Worker(db, slot, log, "settle")
+    try:
+        assert worker.proc.wait(120) == 0, f"worker {slot} did not settle:\n{log_tail(log)}"
+    finally:
+        worker.kill()
+    reports.take(worker.lines)
 
 
 @contextlib.contextmanager
@@ -141,6 +160,11 @@ def check(db: Path, appended: dict[str, str]) -> None:
             stored[content] = stored.get(content, 0) + 1
         lost = [c for c in appended if stored.get(c) != 1]
         assert not lost, f"{len(lost)} reported messages missing or duplicated, e.g. {lost[:3]}"
+        twice = con.execute(
+            "SELECT session_id, platform_id FROM messages WHERE platform_id IS NOT NULL"
+            " GROUP BY session_id, platform_id HAVING COUNT(*) > 1"
+        ).fetchall()
+        assert not twice, f"platform ids stored twice: {twice[:3]}"
         for sid in sorted(set(appended.values())):
             check_session(con, sid)
 
@@ -187,8 +211,24 @@ def test_r_run_11_sigkill_at_random_moments_leaves_the_old_or_the_new_state(tmp_
             except AssertionError as err:
                 raise AssertionError(f"(random seed {seed}) {err}") from err
     check(db, reports.snapshot())
-    assert reports.kills == WORKERS * KILLS_PER_WORKER >= 50
+    check_answers(db, reports)
+    assert reports.kills == WORKERS * KILLS_PER_WORKER >= 30
     assert reports.failures == []
-    # The kills hit a workload that really compresses (and really appends) all the time.
-    assert reports.compressions >= reports.kills, f"seed {seed}"
-    assert len(reports.appended) >= 10 * reports.kills, f"seed {seed}"
+    # The kills hit a workload that really compresses, answers and appends all the time.
+    assert reports.compressions >= 10, f"seed {seed}"
+    assert sum(map(len, reports.sent.values())) >= 10, f"seed {seed}"
+    assert len(reports.appended) >= 5 * reports.kills, f"seed {seed}"
+
+
+def check_answers(db: Path, reports: Reports) -> None:
+    """At most once: each reply of a session covers messages after the previous reply's.
+    And every question is covered by a reply (sent, or marked as being sent when killed)."""
+    for sid, uptos in reports.sent.items():
+        assert all(a < b for a, b in itertools.pairwise(uptos)), f"{sid} answered twice: {uptos}"
+    with reading(db) as con:
+        open_questions = con.execute(
+            "SELECT m.session_id, m.id FROM messages AS m"
+            " LEFT JOIN replies AS r ON r.session_id = m.session_id"
+            " WHERE m.addressed = 1 AND m.archived = 0 AND m.id > COALESCE(r.upto, 0)"
+        ).fetchall()
+    assert not open_questions, f"questions never answered: {open_questions[:5]}"

@@ -69,6 +69,7 @@ async def test_an_anonymous_member_is_labelled_with_the_anonymous_name() -> None
         {**fields, "sub_type": "anonymous", "anonymous": {"id": 1, "name": "大力水手", "flag": "f"}}
     )
     _record, msg = await record_message(SlowBot(), anonymous)  # type: ignore[arg-type]
+    assert msg is not None
     assert msg.content == "[匿名 大力水手(80000000)] 我是匿名的"
 
 

@@ -57,10 +57,10 @@ def fresh() -> Iterator[None]:
     """No encoding loaded; whatever was loaded comes back afterwards."""
     saved = tokens._loaded
     tokens._loaded = None
-    tokens.estimate_text_tokens.cache_clear()
+    tokens.clear_estimate_cache()
     yield
     tokens._loaded = saved
-    tokens.estimate_text_tokens.cache_clear()
+    tokens.clear_estimate_cache()
 
 
 @pytest.fixture
@@ -333,9 +333,23 @@ def test_loads_with_no_network_and_an_empty_tiktoken_cache(tmp_path: Path) -> No
 
 def test_estimates_are_cached(fresh: None) -> None:
     tokens.load_encoding("o200k_base")
+    hits = tokens.estimate_cache().hits
     tokens.estimate_text_tokens("缓存")
     tokens.estimate_text_tokens("缓存")
-    assert tokens.estimate_text_tokens.cache_info().hits >= 1
+    assert tokens.estimate_cache().hits == hits + 1
+
+
+def test_the_estimate_cache_is_bounded_in_bytes_not_entries() -> None:
+    # Issue 15: 65,536 pastes of 5,000 characters must not stay in memory.
+    cache = tokens._EstimateCache(max_bytes=1_000_000)
+    for i in range(2_000):
+        cache.put(f"{i:05d}" + "长" * 5_000, i)  # ~10 KB each in memory
+    assert cache.bytes <= 1_000_000
+    assert 50 <= len(cache) < 100
+    assert cache.get("01999" + "长" * 5_000) == 1999  # the newest stay
+    assert cache.get("00000" + "长" * 5_000) is None  # the oldest went first
+    cache.put("大" * 100_000, 1)  # over a sixteenth of the bound: not kept
+    assert cache.get("大" * 100_000) is None
 
 
 def test_concurrent_first_estimates_load_once(fresh: None, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,10 +8,11 @@ lost and nothing interleaves. Different sessions run concurrently.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import re
+import time
 import uuid
-from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -24,8 +25,9 @@ from nonebot_plugin_memsum.config import Config
 from nonebot_plugin_memsum.errors import NoChatModel
 from nonebot_plugin_memsum.llm import LLMClient, LLMError, LLMLengthLimit, Registry
 from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_stored, estimate_text_tokens
+from nonebot_plugin_memsum.lru import KeyedLocks
 from nonebot_plugin_memsum.settings import Settings
-from nonebot_plugin_memsum.store import Store
+from nonebot_plugin_memsum.store import ReplyState, Store
 from nonebot_plugin_memsum.types import Message, SessionRecord, ToolCall
 
 from .events import EventBus, Outcome, TurnEnded, TurnStarted, UsageEvent
@@ -55,6 +57,20 @@ class _Worker:
     reply: ReplyFn | None = None
     trigger: int | None = None
     """The newest stored message that asked for the pending turn (None: unknown)."""
+    read: int = -1
+    """The newest message id the latest turn put into a prompt."""
+
+
+@dataclass(slots=True)
+class _TurnStats:
+    """What the turn's INFO line reports."""
+
+    calls: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    model_seconds: float = 0.0
+    read: int | None = None
+    """The newest message id a prompt of this turn held: the turn answers everything up to it."""
 
 
 @dataclass
@@ -68,14 +84,16 @@ class Agent:
     config: Config
     settings: Settings
     tools: ToolRegistry
-    _locks: defaultdict[str, asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
+    _locks: KeyedLocks = field(default_factory=KeyedLocks)
     _workers: dict[str, _Worker] = field(default_factory=dict)
+    """Sessions with a turn running or queued; a worker leaves when its session is idle."""
     _contributions: dict[str, list[Contribution]] = field(default_factory=dict)
     _summary: Contribution | None = None
     """The summary's injection: the last system part, whoever else contributes (R-INJ-1)."""
     _turn_tasks: dict[str, asyncio.Task[Any] | None] = field(default_factory=dict)
-    _read: dict[str, int] = field(default_factory=dict)
-    """The newest message id the session's latest turn put into a prompt."""
+    draining: bool = False
+    """Shutting down: turns in flight finish, no new one starts (their questions are
+    stored unanswered, so the next start answers them)."""
 
     # ---- public API -------------------------------------------------------------
     def contribute(self, anchor: str, fn: Contribution) -> None:
@@ -86,12 +104,12 @@ class Agent:
         """The summary's source, always the last system part, right before the history (R-INJ-1)."""
         self._summary = fn
 
-    def turn_lock(self, session_id: str) -> asyncio.Lock:
+    def turn_lock(self, session_id: str) -> contextlib.AbstractAsyncContextManager[None]:
         """Held for the whole of a turn; the compression commit waits on it."""
-        return self._locks[session_id]
+        return self._locks.hold(session_id)
 
     def in_turn(self, session_id: str) -> bool:
-        return self._locks[session_id].locked()
+        return self._locks.locked(session_id)
 
     def is_turn_task(self, session_id: str) -> bool:
         """Whether the caller runs inside this session's turn (a tool, a contribution)."""
@@ -102,6 +120,11 @@ class Agent:
         await self.store.save_session(session)
         return await self._append(session.id, msg)
 
+    async def record_once(self, session: SessionRecord, msg: Message) -> Message | None:
+        """`record`, unless a message with the same `platform_id` is stored already: None."""
+        await self.store.save_session(session)
+        return await self.store.append_once(session.id, replace(msg, tokens=estimate_msg_tokens(msg)))
+
     def request_turn(
         self, session_id: str, reply: ReplyFn, entry: Entry = Entry(), *, trigger: int | None = None
     ) -> None:
@@ -110,6 +133,8 @@ class Agent:
         `trigger`: the stored id of the message asking; a queued turn is dropped when the
         turn in progress already read its trigger (a burst gets one answer, not two).
         """
+        if self.draining:
+            return
         worker = self._workers.get(session_id)
         if worker is not None and not worker.task.done():
             if not worker.pending:
@@ -126,8 +151,19 @@ class Agent:
         while (w := self._workers.get(session_id)) is not None and not w.task.done():
             await asyncio.wait({w.task})
 
+    async def drain(self, grace: float) -> int:
+        """Start no new turn; let those in flight finish for up to `grace` seconds.
+        Returns how many were still running then."""
+        self.draining = True
+        tasks = {w.task for w in self._workers.values() if not w.task.done()}
+        if not tasks:
+            return 0
+        _, running = await asyncio.wait(tasks, timeout=grace)
+        return len(running)
+
     async def shutdown(self) -> None:
         """Abort running turns (their outcome is `aborted`)."""
+        self.draining = True
         tasks = [w.task for w in self._workers.values() if not w.task.done()]
         for t in tasks:
             t.cancel()
@@ -174,6 +210,18 @@ class Agent:
         """Store a message with its token estimate, taken once here (Message.tokens)."""
         return self.store.append(session_id, replace(msg, tokens=estimate_msg_tokens(msg)))
 
+    async def _append_answer(
+        self, session_id: str, msg: Message, upto: int | None, state: ReplyState
+    ) -> None:
+        """The turn's answer and the mark that it answers everything up to `upto`, in one commit."""
+        msg = replace(msg, tokens=estimate_msg_tokens(msg))
+        if upto is None:
+            await self.store.append(session_id, msg)
+            return
+        async with self.store.transaction() as tx:
+            await tx.append(session_id, msg)
+            await tx.mark_reply(session_id, upto, state)
+
     async def history_limit(self, session_id: str, entry: Entry) -> int:
         resolved = await self.settings.effective(
             "history_limit", session_id, entry_platform=entry.platform, entry_type=entry.platform_type
@@ -199,10 +247,12 @@ class Agent:
         turn_id = uuid.uuid4().hex
         async with self.turn_lock(session_id):
             self._turn_tasks[session_id] = asyncio.current_task()
+            started = time.perf_counter()
+            stats = _TurnStats()
             await self.bus.emit(TurnStarted(turn_id, session_id))
             outcome: Outcome = "error"
             try:
-                outcome = await self._turn(turn_id, session_id, reply, entry)
+                outcome = await self._turn(turn_id, session_id, reply, entry, stats)
             except asyncio.CancelledError:
                 outcome = "aborted"
                 raise
@@ -215,24 +265,49 @@ class Agent:
                 logger.exception(f"memsum: turn of {session_id} failed")
             finally:
                 if outcome == "error" and reply is not None:
-                    await _quietly(reply, self.config.memsum_error_reply)
+                    await self._send_answer(session_id, stats.read, reply, self.config.memsum_error_reply)
+                if (worker := self._workers.get(session_id)) is not None and stats.read is not None:
+                    worker.read = stats.read
+                # The one INFO line of a turn: no message text (logs outlive /清除).
+                logger.info(
+                    f"memsum: turn {session_id} {outcome} in {(time.perf_counter() - started) * 1000:.0f} ms"
+                    f" (model {stats.model_seconds * 1000:.0f} ms, {stats.calls} calls),"
+                    f" tokens {stats.tokens_in} in / {stats.tokens_out} out"
+                )
                 await self.bus.emit(TurnEnded(turn_id, session_id, outcome))
                 self._turn_tasks.pop(session_id, None)
         return outcome
 
+    async def _send_answer(self, session_id: str, upto: int | None, reply: ReplyFn, text: str) -> None:
+        """Send an answer to the questions up to message `upto`, marked as being sent first:
+        a crash after the mark never answers them again; one before it leaves them for
+        the next start (issue 15: at most once)."""
+        if upto is None:
+            await _quietly(reply, text)
+            return
+        await self.store.mark_reply(session_id, upto, "sending")
+        await _quietly(reply, text)
+        await self.store.mark_reply(session_id, upto, "sent")
+
     # ---- the turn ---------------------------------------------------------------
     async def _work(self, session_id: str, reply: ReplyFn, entry: Entry) -> None:
-        while True:
-            await self.run_turn(session_id, reply, entry)
-            worker = self._workers[session_id]
-            if not worker.pending:
-                return
-            worker.pending = False
-            if worker.trigger is not None and worker.trigger <= self._read.get(session_id, -1):
-                return  # the turn that just ended already had the message that asked
-            reply = worker.reply or reply
+        try:
+            while True:
+                await self.run_turn(session_id, reply, entry)
+                worker = self._workers[session_id]
+                if not worker.pending or self.draining:
+                    return
+                worker.pending = False
+                if worker.trigger is not None and worker.trigger <= worker.read:
+                    return  # the turn that just ended already had the message that asked
+                reply = worker.reply or reply
+        finally:
+            if (w := self._workers.get(session_id)) is not None and w.task is asyncio.current_task():
+                del self._workers[session_id]
 
-    async def _turn(self, turn_id: str, session_id: str, reply: ReplyFn | None, entry: Entry) -> Outcome:
+    async def _turn(
+        self, turn_id: str, session_id: str, reply: ReplyFn | None, entry: Entry, stats: _TurnStats
+    ) -> Outcome:
         model = self.registry.resolve("chat")
         if model is None:
             raise NoChatModel
@@ -252,7 +327,7 @@ class Agent:
             tools = self.tools.schemas() if offer_tools else []
             history = await self.store.get_history(session_id)
             if history and history[-1].id is not None:
-                self._read[session_id] = history[-1].id
+                stats.read = history[-1].id
             # R-TRIG-4: the active count at turn start plus the turn's tool calls and results
             # and the inputs that came in meanwhile: all of it is in this read.
             count = sum(m.is_conversation for m in history)
@@ -279,6 +354,8 @@ class Agent:
                 "line": math.floor(line) if line is not None else None,
             }
             await self.bus.emit(UsageEvent(turn_id=None, usage=prompt.estimate, **facts))
+            asked = time.perf_counter()
+            stats.calls += 1
             try:
                 result = await self.client.chat(
                     model,
@@ -290,6 +367,11 @@ class Agent:
                 )
             except LLMLengthLimit as cut:
                 result = cut.result  # a reply cut at the limit is still a reply
+            finally:
+                stats.model_seconds += time.perf_counter() - asked
+            if result.usage is not None:
+                stats.tokens_in += result.usage.prompt_tokens
+                stats.tokens_out += result.usage.completion_tokens
             # A usage without prompt tokens (some APIs report only the completion) is no measure.
             reported = result.usage.prompt_tokens if result.usage else 0
             used = reported or prompt.estimate
@@ -306,14 +388,15 @@ class Agent:
                 continue
             text = _ECHOED_LABEL.sub("", result.content.strip())
             if not text or text == SILENT_MARK:
-                await self._append(
-                    session_id,
-                    Message(role="system", content=SILENT_RECORD, event_marker=True, ts=clock.now()),
-                )
+                marker = Message(role="system", content=SILENT_RECORD, event_marker=True, ts=clock.now())
+                await self._append_answer(session_id, marker, stats.read, "sent")
                 return "silent"
-            await self._append(session_id, Message(role="assistant", content=text, ts=clock.now()))
+            answer = Message(role="assistant", content=text, ts=clock.now())
+            await self._append_answer(session_id, answer, stats.read, "sending")
             if reply is not None:
                 await _quietly(reply, text)
+            if stats.read is not None:
+                await self.store.mark_reply(session_id, stats.read, "sent")
             return "replied"
         raise RuntimeError("unreachable: the last round offers no tools")
 

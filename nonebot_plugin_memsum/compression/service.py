@@ -10,7 +10,8 @@ instant leaves the old state or the new one (R-RUN-11).
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
+import heapq
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -38,6 +39,7 @@ from nonebot_plugin_memsum.config import Config
 from nonebot_plugin_memsum.errors import CompressionCancelled, CompressionError
 from nonebot_plugin_memsum.llm import LLMClient, LLMError, LLMLengthLimit, LLMStatusError, Registry
 from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_stored, estimate_text_tokens
+from nonebot_plugin_memsum.lru import LRU, KeyedLocks
 from nonebot_plugin_memsum.settings import Settings
 from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE, Store, StoreError
 from nonebot_plugin_memsum.types import CompressionRecord, Message
@@ -47,6 +49,8 @@ BACKOFF_NAMESPACE = "backoff"
 USAGE_NAMESPACE = "usage"
 """The back-off and the latest usage of a session, kept across restarts: a restart must not
 hit a failing model again at once, and /摘要 shows the line it knew."""
+DUE_NAMESPACE = "compression_due"
+"""A compression that is queued or running; the mark outlives a crash, so start-up resumes it."""
 DIVIDER = "对话已压缩"
 BUSY = "这个会话正在压缩"
 CLEARED = "压缩期间会话被清空"
@@ -148,19 +152,28 @@ class CompressionService:
     agent: Agent
     todos: TodoProvider | None
     is_owner: Callable[[str], bool] | None
-    _latest_turn_usage: dict[str, UsageEvent] = field(default_factory=dict)
-    _latest_usage: dict[str, UsageEvent] = field(default_factory=dict)
-    _epoch: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # Per session and bounded (lru.py): an evicted session starts again as after a restart
+    # (no usage yet: R-BUD-6; no back-off; its next turn is not judged once).
+    _latest_turn_usage: LRU[str, UsageEvent] = field(default_factory=LRU)
+    _latest_usage: LRU[str, UsageEvent] = field(default_factory=LRU)
+    _epoch: LRU[str, int] = field(default_factory=LRU)
     _turn_epoch: dict[str, int] = field(default_factory=dict)
-    _backoff: dict[str, Backoff] = field(default_factory=dict)
+    _backoff: LRU[str, Backoff] = field(default_factory=LRU)
     """Back-offs read or written so far (a fresh `Backoff()` when the store has none)."""
     _runs: dict[str, _Run] = field(default_factory=dict)
     _judged: dict[str, tuple[int, int]] = field(default_factory=dict)
     """(epoch, usage) of each session's last judged turn: the growth between two turns."""
-    _commit_locks: defaultdict[str, asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
+    _commit_locks: KeyedLocks = field(default_factory=KeyedLocks)
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
     _judging: set[str] = field(default_factory=set)
     """仅记录 sessions whose stored history is being judged (judge_recorded)."""
+    _queue: list[tuple[float, str]] = field(default_factory=list)
+    """Due compressions waiting for a free slot: a heap, oldest due first."""
+    _queued: set[str] = field(default_factory=set)
+    _marked: set[str] = field(default_factory=set)
+    """Sessions whose due mark is stored."""
+    _slots: int = 0
+    """Queue workers running (at most memsum_compress_concurrency)."""
 
     def attach(self) -> None:
         """Listen to the agent's events and inject the summary into its prompts."""
@@ -173,6 +186,8 @@ class CompressionService:
         """Abandon the runs still waiting on the model and wait for every run to end, as
         the store closes next. NoneBot shields a command from cancellation, so a manual
         run left alone would hold the shutdown for the whole model timeout."""
+        self._queue.clear()
+        self._queued.clear()
         for run in self._runs.values():
             if not run.committing:
                 run.reason = STOPPED
@@ -200,6 +215,15 @@ class CompressionService:
             raise CompressionError(BUSY)
         return await self._run(session_id)
 
+    async def resume(self, prefix: str = "") -> int:
+        """Queue again the compressions a stop or a crash interrupted (of the sessions whose
+        id starts with `prefix`); how many."""
+        due = {k: v for k, v in (await self.store.list_meta(DUE_NAMESPACE)).items() if k.startswith(prefix)}
+        for session_id, mark in sorted(due.items(), key=lambda kv: float(kv[1].get("due", 0))):
+            self._marked.add(session_id)
+            self._enqueue(session_id, float(mark.get("due", 0)))
+        return len(due)
+
     async def compress_at(
         self, session_id: str, platform: str | None = None, platform_type: str | None = None
     ) -> float | None:
@@ -223,9 +247,9 @@ class CompressionService:
         if inside_turn:
             await self.store.clear(session_id, kind)
         else:
-            async with self._commit_locks[session_id]:
+            async with self._commit_locks.hold(session_id):
                 await self.store.clear(session_id, kind)
-        self._epoch[session_id] += 1
+        self._epoch[session_id] = self._epoch.get(session_id, 0) + 1
         await self._set_backoff(session_id, Backoff())  # R-BACK-4
         self._latest_turn_usage.pop(session_id, None)
         if kind == "context":
@@ -247,9 +271,9 @@ class CompressionService:
         if inside_turn:
             await self.store.delete_session(session_id)
         else:
-            async with self._commit_locks[session_id], self.agent.turn_lock(session_id):
+            async with self._commit_locks.hold(session_id), self.agent.turn_lock(session_id):
                 await self.store.delete_session(session_id)
-        self._epoch[session_id] += 1
+        self._epoch[session_id] = self._epoch.get(session_id, 0) + 1
         self._backoff.pop(session_id, None)
         self._judged.pop(session_id, None)
         self._latest_turn_usage.pop(session_id, None)
@@ -308,7 +332,7 @@ class CompressionService:
             await self.store.put_meta(USAGE_NAMESPACE, event.session_id, asdict(event))
 
     async def _on_turn_started(self, event: TurnStarted) -> None:
-        self._turn_epoch[event.turn_id] = self._epoch[event.session_id]
+        self._turn_epoch[event.turn_id] = self._epoch.get(event.session_id, 0)
 
     async def _on_turn_ended(self, event: TurnEnded) -> None:
         sid = event.session_id
@@ -317,7 +341,7 @@ class CompressionService:
             return
         usage = self._latest_turn_usage.get(sid)
         # R-TRIG-5: a usage from an earlier turn, or a turn overtaken by a compression or clear
-        if usage is None or usage.turn_id != event.turn_id or epoch_at_start != self._epoch[sid]:
+        if usage is None or usage.turn_id != event.turn_id or epoch_at_start != self._epoch.get(sid, 0):
             return
         if sid in self._runs:
             return
@@ -341,12 +365,53 @@ class CompressionService:
         compress_at = await self.compress_at(sid, usage.platform, usage.platform_type)
         if not compression_due(facts, compress_at, event.outcome) or not backoff.may_run():
             return
-        self._start_background(sid)
+        await self._start_background(sid)
 
-    def _start_background(self, sid: str) -> None:
-        task = asyncio.create_task(self._background_run(sid), name=f"memsum-compress-{sid}")
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+    async def _start_background(self, sid: str) -> None:
+        """Queue a due compression, marked first so a crash cannot forget it."""
+        if sid in self._queued:
+            return
+        await self._mark_due(sid, clock.now())
+        self._enqueue(sid, clock.now())
+
+    # ---- the queue: at most memsum_compress_concurrency runs at once, oldest due first ----
+    def _enqueue(self, session_id: str, due: float) -> None:
+        if session_id in self._queued:
+            return
+        self._queued.add(session_id)
+        heapq.heappush(self._queue, (due, session_id))
+        while self._slots < self.config.memsum_compress_concurrency and self._slots < len(self._queue):
+            self._slots += 1
+            task = asyncio.create_task(self._drain_queue(), name="memsum-compress-queue")
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _drain_queue(self) -> None:
+        try:
+            while self._queue:
+                _, session_id = heapq.heappop(self._queue)
+                self._queued.discard(session_id)
+                await self._background_run(session_id)
+        finally:
+            self._slots -= 1
+
+    async def _mark_due(self, session_id: str, due: float) -> None:
+        if session_id in self._marked:
+            return
+        try:
+            await self.store.put_meta(DUE_NAMESPACE, session_id, {"due": due})
+            self._marked.add(session_id)
+        except Exception as err:  # the run still happens; only a crash would forget it
+            logger.warning(f"memsum: could not mark the compression of {session_id} as due: {err}")
+
+    async def _unmark_due(self, session_id: str) -> None:
+        if session_id not in self._marked:
+            return
+        try:
+            await self.store.delete_meta(DUE_NAMESPACE, session_id)
+            self._marked.discard(session_id)
+        except Exception as err:  # a stale mark only costs one needless run after a restart
+            logger.warning(f"memsum: could not clear the compression mark of {session_id}: {err}")
 
     async def judge_recorded(self, session_id: str, entry: Entry) -> None:
         """A 仅记录 place has no turns, so no turn end judges it: judge its stored history
@@ -375,7 +440,7 @@ class CompressionService:
             backoff = self._backoff.get(session_id, Backoff()).on_judged_turn()
             self._backoff[session_id] = backoff
             if compression_due(facts, compress_at, "silent") and backoff.may_run():
-                self._start_background(session_id)
+                await self._start_background(session_id)
         finally:
             self._judging.discard(session_id)
 
@@ -396,11 +461,26 @@ class CompressionService:
     async def _run(self, session_id: str) -> CompressionResult:
         run = _Run()
         self._runs[session_id] = run
+        started = time.perf_counter()
         try:
-            return await self._run_inner(session_id, run)
+            await self._mark_due(session_id, clock.now())  # a manual run resumes after a crash too
+            result = await self._run_inner(session_id, run)
+        except CompressionError as err:
+            if str(err) != STOPPED:  # a stopped run resumes at the next start
+                await self._unmark_due(session_id)
+            raise
+        else:
+            await self._unmark_due(session_id)
         finally:
             self._runs.pop(session_id, None)
             run.finished.set()
+        if result.outcome == "done":  # the one INFO line of a compression (failures warn)
+            logger.info(
+                f"memsum: compression {session_id} done in {(time.perf_counter() - started) * 1000:.0f} ms:"
+                f" {result.archived} archived, {result.kept_messages} kept,"
+                f" tokens {result.tokens_before} -> {result.tokens_after}"
+            )
+        return result
 
     async def _run_inner(self, session_id: str, run: _Run) -> CompressionResult:
         try:
@@ -428,7 +508,7 @@ class CompressionService:
             reason = f"内部错误：{type(err).__name__}"
             await self._failed(session_id, run, reason, err)
             raise CompressionError(reason) from err
-        self._epoch[session_id] += 1
+        self._epoch[session_id] = self._epoch.get(session_id, 0) + 1
         await self._set_backoff(session_id, Backoff())  # R-BACK-4
         await self._remember_run(
             session_id, LastRun(clock.now(), "done", None, result.kept_messages, result.archived), run, result
@@ -600,7 +680,7 @@ class CompressionService:
         kept: Sequence[Unit],
     ) -> CompressionResult:
         """R-RUN-11 in one transaction, never under a running turn, never beside a clear."""
-        async with self._commit_locks[session_id]:
+        async with self._commit_locks.hold(session_id):
             if run.cancelled.is_set():
                 raise _Cleared
             # R-MEM-3: the model has answered, so from here a clear waits for this commit,

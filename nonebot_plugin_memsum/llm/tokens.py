@@ -17,10 +17,11 @@ import importlib.resources
 import math
 import os
 import re
+import sys
 import tempfile
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -189,7 +190,7 @@ def load_encoding(name: str = "o200k_base") -> None:
             )
             encoding = None
         _loaded = _Loaded(name, encoding, _FALLBACKS.get(name, _FALLBACKS["o200k_base"]))
-        estimate_text_tokens.cache_clear()
+        _estimates.clear()
 
 
 async def aload_encoding(name: str = "o200k_base") -> None:
@@ -211,13 +212,77 @@ def encoding_name() -> str:
     return loaded.encoding.name if loaded.encoding is not None else FALLBACK
 
 
-@lru_cache(maxsize=1 << 16)
+ESTIMATE_CACHE_BYTES = 8 * 1024 * 1024
+"""What the cache of text estimates may hold: texts are counted by their size in memory."""
+_ENTRY_BYTES = 120  # the OrderedDict slot, the int, the key's share of the table (measured roughly)
+
+
+class _EstimateCache:
+    """Estimates of recent texts, least recently used dropped first, bounded in bytes
+    (not entries: 65,536 pastes of 5,000 characters would be 1.3 GB). Texts over a
+    sixteenth of the bound are not kept. Thread-safe: estimates also run off the loop."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.hits = 0
+        self._entries: OrderedDict[str, int] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, text: str) -> int | None:
+        with self._lock:
+            tokens = self._entries.get(text)
+            if tokens is not None:
+                self._entries.move_to_end(text)
+                self.hits += 1
+            return tokens
+
+    def put(self, text: str, tokens: int) -> None:
+        size = sys.getsizeof(text) + _ENTRY_BYTES
+        if size > self.max_bytes // 16:
+            return
+        with self._lock:
+            if text in self._entries:
+                return
+            self._entries[text] = tokens
+            self.bytes += size
+            while self.bytes > self.max_bytes:
+                old, _ = self._entries.popitem(last=False)
+                self.bytes -= sys.getsizeof(old) + _ENTRY_BYTES
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+_estimates = _EstimateCache(ESTIMATE_CACHE_BYTES)
+
+
+def clear_estimate_cache() -> None:
+    _estimates.clear()
+
+
+def estimate_cache() -> _EstimateCache:
+    """The cache of text estimates (for tests and benchmarks)."""
+    return _estimates
+
+
 def estimate_text_tokens(text: str) -> int:
     """Tokens `text` takes (special-token text such as `<|endoftext|>` counts as plain text)."""
+    cached = _estimates.get(text)
+    if cached is not None:
+        return cached
     loaded = _current()
     if loaded.encoding is None:
-        return _fallback_estimate(text, loaded.fallback)
-    return len(loaded.encoding.encode_ordinary(text))
+        tokens = _fallback_estimate(text, loaded.fallback)
+    else:
+        tokens = len(loaded.encoding.encode_ordinary(text))
+    _estimates.put(text, tokens)
+    return tokens
 
 
 def estimate_msg_tokens(msg: Message) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 
-from nonebot import on_message, on_notice
+from nonebot import get_driver, on_message, on_notice
 from nonebot.adapters.onebot.v11 import (
     Bot,
     Event,
@@ -23,6 +23,7 @@ from nonebot_plugin_memsum import runtime
 from nonebot_plugin_memsum.controls import CAP_NOTICE
 from nonebot_plugin_memsum.types import SessionRecord
 
+from . import recovery
 from .record import notice_record, record_message, record_notice, record_of
 from .render import is_empty
 from .send import replier
@@ -82,6 +83,15 @@ def register_matchers(priority: int, is_command: Callable[[T_State], bool]) -> N
     it is not ours to handle at all, so not recorded either (another plugin may own it)."""
     chat = on_message(priority=priority, block=False)
     notices = on_notice(priority=priority, block=False)
+    driver = get_driver()
+
+    @driver.on_bot_connect
+    async def _(bot: Bot) -> None:
+        recovery.account_of(bot)  # backfill and answer what was missed, in the background
+
+    @driver.on_bot_disconnect
+    async def _(bot: Bot) -> None:
+        recovery.forget(bot)
 
     @event_preprocessor
     async def _(_: None = Depends(_arrival_ticket)) -> None:
@@ -104,11 +114,14 @@ def register_matchers(priority: int, is_command: Callable[[T_State], bool]) -> N
             release_arrival(state)
             logger.debug(f"memsum: not recording a message of {place.id}: mode off")
             return
-        record, msg = await record_message(bot, event, state.get(_ARRIVAL))
+        asks = mode == "on" and (isinstance(event, PrivateMessageEvent) or event.is_tome())
+        record, msg = await record_message(bot, event, state.get(_ARRIVAL), addressed=asks)
+        if msg is None:
+            return  # fetched on connect already, and answered from there
         if mode == "record":
             logger.debug(f"memsum: not answering message {msg.id} of {record.id}: record-only")
             await runtime.get().compression.judge_recorded(record.id, entry_of(record))
-        elif isinstance(event, PrivateMessageEvent) or event.is_tome():
+        elif asks:
             await answer_if_allowed(bot, event, record, msg.id)
 
     @notices.handle()

@@ -9,6 +9,7 @@ from the implementation's payload and passes it here).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from nonebot.adapters.onebot.v11 import Bot, GroupMessageEvent, MessageEvent, NoticeEvent
@@ -17,7 +18,7 @@ from nonebot.log import logger
 from nonebot_plugin_memsum import clock, runtime
 from nonebot_plugin_memsum.types import Message, SessionRecord
 
-from . import names
+from . import names, recovery
 from .notices import card_change, notice_text, people
 from .render import excerpt, labelled, neutralise_labels, quote_marker, render_segments, segments_of
 from .sessions import group_record, private_record
@@ -32,18 +33,33 @@ def record_of(bot: Bot, event: MessageEvent) -> tuple[SessionRecord, int | None]
 
 
 async def record_message(
-    bot: Bot, event: MessageEvent, arrival: Arrival | None = None
-) -> tuple[SessionRecord, Message]:
-    """Store one message event as a user message of its session, after those that came before it."""
+    bot: Bot,
+    event: MessageEvent,
+    arrival: Arrival | None = None,
+    *,
+    addressed: bool = False,
+    said_at: float | None = None,
+    fetched: bool = False,
+) -> tuple[SessionRecord, Message | None]:
+    """Store one message event as a user message of its session, after those that came
+    before it: live ones after the history fetched on connect (`fetched`: one of those).
+
+    `addressed`: it asks the bot (a crash before the answer leaves it for the next start);
+    `said_at`: the platform's time of a fetched message. None when the message (same
+    platform id) is stored already: fetched and then received live, or the other way round.
+    """
     rt = runtime.get()
     record, group_id = record_of(bot, event)
     try:
+        if not fetched:
+            await recovery.wait_backfilled(bot, record.id)
         if arrival is not None:
             await rt.onebot.arrivals.wait_turn(arrival)
         # FIFO: a name look-up must not let a later message overtake.
         async with rt.onebot.recording.hold(record.id):
             msg = await message_of(bot, event, record.id, group_id)
-            return record, await rt.agent.record(record, msg)
+            msg = replace(msg, platform_id=str(event.message_id), addressed=addressed, ts=said_at or msg.ts)
+            return record, await rt.agent.record_once(record, msg)
     finally:
         if arrival is not None:
             rt.onebot.arrivals.done(arrival)

@@ -12,12 +12,12 @@ import asyncio
 import itertools
 import sys
 from collections import OrderedDict, defaultdict
-from collections.abc import AsyncIterator, Callable, Hashable
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from nonebot_plugin_memsum import clock
+from nonebot_plugin_memsum.lru import KeyedLocks
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -185,31 +185,6 @@ class Arrivals:
         return len(self._open)
 
 
-class KeyedLocks:
-    """One FIFO lock per key, kept only while someone holds or waits for it."""
-
-    def __init__(self) -> None:
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
-
-    @asynccontextmanager
-    async def hold(self, key: str) -> AsyncIterator[None]:
-        lock, users = self._locks.get(key, (None, 0))
-        lock = lock or asyncio.Lock()
-        self._locks[key] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[key]
-            if users <= 1:
-                del self._locks[key]
-            else:
-                self._locks[key] = (lock, users - 1)
-
-    def __len__(self) -> int:
-        return len(self._locks)
-
-
 @dataclass
 class OneBotState:
     """Everything the OneBot layer keeps between events; the runtime owns one."""
@@ -217,3 +192,5 @@ class OneBotState:
     names: NameCache = field(default_factory=NameCache)
     arrivals: Arrivals = field(default_factory=Arrivals)
     recording: KeyedLocks = field(default_factory=KeyedLocks)
+    accounts: dict[str, Any] = field(default_factory=dict)
+    """Per connected account, its backfill on connect (recovery.Account)."""

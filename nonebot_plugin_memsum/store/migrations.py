@@ -199,12 +199,38 @@ async def _m005_compressions(db: aiosqlite.Connection) -> None:
     )
 
 
+async def _m006_crash_recovery(db: aiosqlite.Connection) -> None:
+    # What a restart needs to lose nothing (issue 15): the platform's message id, so a
+    # message fetched again after a reconnect (backfill) is stored once; whether a
+    # message asked the bot for an answer, and up to which message the session's
+    # questions were answered (marked before the reply goes out), so start-up answers
+    # what a crash left unanswered and never answers anything twice.
+    await db.execute("ALTER TABLE messages ADD COLUMN platform_id TEXT")
+    await db.execute("ALTER TABLE messages ADD COLUMN addressed INTEGER NOT NULL DEFAULT 0")
+    # Partial indexes: they hold only the rows they serve, so the per-message write
+    # stays cheap and old files migrate in no time (their rows have neither).
+    await db.execute(
+        "CREATE INDEX messages_by_platform_id ON messages (session_id, platform_id)"
+        " WHERE platform_id IS NOT NULL"
+    )
+    await db.execute("CREATE INDEX messages_addressed ON messages (ts) WHERE addressed = 1")
+    await db.execute(
+        """CREATE TABLE replies (
+            session_id TEXT PRIMARY KEY,
+            upto INTEGER NOT NULL,
+            state TEXT NOT NULL CHECK (state IN ('sending', 'sent')),
+            ts REAL NOT NULL
+        ) WITHOUT ROWID"""
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     _m001_initial,
     _m002_message_tokens,
     _m003_ledger_cached_tokens,
     _m004_search,
     _m005_compressions,
+    _m006_crash_recovery,
 )
 
 

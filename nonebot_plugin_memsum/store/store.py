@@ -26,6 +26,7 @@ from nonebot.log import logger
 
 from nonebot_plugin_memsum import clock
 from nonebot_plugin_memsum.errors import SchemaTooNewError, StoreError
+from nonebot_plugin_memsum.lru import LRU
 from nonebot_plugin_memsum.types import (
     CompressionRecord,
     DailyUsage,
@@ -44,6 +45,7 @@ SUMMARY_NAMESPACE = "summary"
 """Metadata namespace of the summaries, key = session id (R-MEM-1)."""
 
 ClearKind = Literal["context", "summary"]
+ReplyState = Literal["sending", "sent"]
 
 # NORMAL is durable across application crashes in WAL mode and only risks the last
 # commits on power loss; busy_timeout waits out another process's write lock instead
@@ -54,7 +56,19 @@ _CONNECTION_PRAGMAS = (
     "PRAGMA busy_timeout = 5000",
 )
 
-_MESSAGE_COLUMNS = "id, role, content, name, tool_calls, tool_call_id, ts, metadata, event_marker, tokens"
+_MESSAGE_COLUMNS = (
+    "id, role, content, name, tool_calls, tool_call_id, ts, metadata, event_marker, tokens,"
+    " platform_id, addressed"
+)
+_INSERT_MESSAGE = (
+    "INSERT INTO messages (session_id, role, content, name, tool_calls, tool_call_id, ts, metadata,"
+    " event_marker, tokens, platform_id, addressed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+# The same message fetched twice (live and by a backfill after a reconnect) is stored
+# once. Platform ids are not unique for ever (go-cqhttp's are 32-bit hashes), so only
+# a recent namesake counts: one stored within DEDUP_SECONDS of this one.
+DEDUP_SECONDS = 8 * 24 * 3600.0
+"""How far back a platform message id is checked for a duplicate (> the longest backfill)."""
 _SESSION_COLUMNS = "id, platform, kind, place, peer, parent, room_class, created"
 _COMPRESSION_COLUMNS = (
     "session_id, ts, outcome, reason, tokens_before, tokens_after, kept, archived, requests, line"
@@ -96,12 +110,14 @@ def _message_params(session_id: str, msg: Message, ts: float) -> tuple[Any, ...]
         metadata,
         int(msg.event_marker),
         msg.tokens,
+        msg.platform_id,
+        int(msg.addressed),
     )
 
 
 def _message_from_row(row: tuple[Any, ...]) -> Message:
     # Positional unpacking: this runs for every message of every prompt.
-    msg_id, role, content, name, calls, call_id, ts, metadata, marker, tokens = row
+    msg_id, role, content, name, calls, call_id, ts, metadata, marker, tokens, platform_id, addressed = row
     return Message(
         id=msg_id,
         role=role,
@@ -117,6 +133,8 @@ def _message_from_row(row: tuple[Any, ...]) -> Message:
         metadata=json.loads(metadata) if metadata else {},
         event_marker=bool(marker),
         tokens=tokens,
+        platform_id=platform_id,
+        addressed=bool(addressed),
     )
 
 
@@ -226,11 +244,7 @@ class Tx:
     async def append(self, session_id: str, msg: Message) -> Message:
         """Store `msg` at the end of the session's history; return it with its id (and ts if it had none)."""
         ts = msg.ts or clock.now()
-        new_id = await self._insert(
-            "INSERT INTO messages (session_id, role, content, name, tool_calls, tool_call_id, ts, metadata,"
-            " event_marker, tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            _message_params(session_id, msg, ts),
-        )
+        new_id = await self._insert(_INSERT_MESSAGE, _message_params(session_id, msg, ts))
         if search.indexable(
             msg.role, msg.event_marker, msg.content
         ):  # recall (issue 11): indexed as it is stored
@@ -240,6 +254,57 @@ class Tx:
         stored = replace(msg, id=new_id, ts=ts)
         self._appended.append((session_id, stored))
         return stored
+
+    async def append_once(self, session_id: str, msg: Message) -> Message | None:
+        """`append`, unless a message with the same `platform_id` is stored already
+        (within DEDUP_SECONDS): then None. A message without a platform id is always stored."""
+        if msg.platform_id is not None:
+            ts = msg.ts or clock.now()
+            rows = await self._fetch(
+                "SELECT 1 FROM messages WHERE session_id = ? AND platform_id = ? AND ts >= ? LIMIT 1",
+                (session_id, msg.platform_id, ts - DEDUP_SECONDS),
+            )
+            if rows:
+                return None
+        # `append` indexes it for recall and keeps the history cache in step.
+        return await self.append(session_id, msg)
+
+    async def recent_sessions(self, prefix: str, since: float) -> list[tuple[str, float]]:
+        """Sessions whose id starts with `prefix` and whose newest stored message (active
+        or archived) is from `since` on: (session id, that message's time), oldest first."""
+        # Per session through the (session_id, archived, id) index: no scan of the history.
+        rows = await self._fetch(
+            "SELECT id, MAX("
+            " COALESCE((SELECT ts FROM messages WHERE session_id = s.id AND archived = 0"
+            "  ORDER BY id DESC LIMIT 1), 0),"
+            " COALESCE((SELECT ts FROM messages WHERE session_id = s.id AND archived = 1"
+            "  ORDER BY id DESC LIMIT 1), 0)) AS last"
+            " FROM sessions AS s WHERE substr(id, 1, ?) = ? AND last >= ? ORDER BY last",
+            (len(prefix), prefix, since),
+        )
+        return [(r[0], float(r[1])) for r in rows]
+
+    async def pending_questions(self, since: float, prefix: str = "") -> list[tuple[str, Message]]:
+        """(session id, message) of the active messages that asked the bot, said from
+        `since` on, after the last answer of their session, in storage order."""
+        rows = await self._fetch(
+            f"SELECT m.session_id, {', '.join('m.' + c for c in _MESSAGE_COLUMNS.split(', '))}"
+            " FROM messages AS m LEFT JOIN replies AS r ON r.session_id = m.session_id"
+            " WHERE m.addressed = 1 AND m.ts >= ? AND m.archived = 0 AND m.id > COALESCE(r.upto, 0)"
+            " AND substr(m.session_id, 1, ?) = ? ORDER BY m.id",
+            (since, len(prefix), prefix),
+        )
+        return [(r[0], _message_from_row(r[1:])) for r in rows]
+
+    async def mark_reply(self, session_id: str, upto: int, state: ReplyState) -> None:
+        """The session's questions up to message `upto` are answered: `sending` is written
+        before the reply goes out (so a crash after it never answers them again), `sent` after."""
+        await self._fetch(
+            "INSERT INTO replies (session_id, upto, state, ts) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (session_id) DO UPDATE SET upto = MAX(upto, excluded.upto),"
+            " state = excluded.state, ts = excluded.ts",
+            (session_id, upto, state, clock.now()),
+        )
 
     async def get_history(self, session_id: str, limit: float = math.inf) -> list[Message]:
         """The last `limit` active messages of the session, in storage order."""
@@ -315,6 +380,11 @@ class Tx:
 
     async def delete_meta(self, namespace: str, key: str) -> None:
         await self._fetch("DELETE FROM metadata WHERE namespace = ? AND key = ?", (namespace, key))
+
+    async def list_meta(self, namespace: str) -> dict[str, Any]:
+        """Every key of a namespace with its value."""
+        rows = await self._fetch("SELECT key, value FROM metadata WHERE namespace = ?", (namespace,))
+        return {key: json.loads(value) for key, value in rows}
 
     async def clear(self, session_id: str, kind: ClearKind) -> None:
         """R-MEM-2: "context" archives all active history and drops the summary; "summary" drops it alone."""
@@ -607,8 +677,8 @@ class Store:
         self._lock = asyncio.Lock()
         self._owner: asyncio.Task[Any] | None = None
         """The task inside `transaction()`, to refuse a nested call that would wait on itself."""
-        self._sessions: dict[str, SessionRecord] = {}
-        """Session records seen; they never change once written."""
+        self._sessions: LRU[str, SessionRecord] = LRU()
+        """Session records seen lately; they never change once written."""
         self._history = HistoryCache()
         """Active histories, kept in step by every write that goes through a Tx."""
         self._ledger: list[tuple[Any, ...]] = []
@@ -818,6 +888,10 @@ class Store:
         async with self._statement() as tx:
             await tx.delete_meta(namespace, key)
 
+    async def list_meta(self, namespace: str) -> dict[str, Any]:
+        async with self._statement() as tx:
+            return await tx.list_meta(namespace)
+
     async def clear(self, session_id: str, kind: ClearKind) -> None:
         async with self.transaction() as tx:
             await tx.clear(session_id, kind)
@@ -862,6 +936,29 @@ class Store:
     async def delete_setting(self, scope: str, scope_key: str, name: str) -> None:
         async with self._statement() as tx:
             await tx.delete_setting(scope, scope_key, name)
+
+    async def append_once(self, session_id: str, msg: Message) -> Message | None:
+        async with self._statement() as tx:
+            return await tx.append_once(session_id, msg)
+
+    async def recent_sessions(self, prefix: str, since: float) -> list[tuple[str, float]]:
+        async with self._statement() as tx:
+            return await tx.recent_sessions(prefix, since)
+
+    async def pending_questions(self, since: float, prefix: str = "") -> list[tuple[str, Message]]:
+        async with self._statement() as tx:
+            return await tx.pending_questions(since, prefix)
+
+    async def mark_reply(self, session_id: str, upto: int, state: ReplyState) -> None:
+        async with self._statement() as tx:
+            await tx.mark_reply(session_id, upto, state)
+
+    async def replies_being_sent(self) -> list[tuple[str, int]]:
+        """(session id, upto) of the replies marked `sending` and never `sent`: a crash came
+        between the mark and the send's end; they are not sent again."""
+        async with self._statement() as tx:
+            rows = await tx._fetch("SELECT session_id, upto FROM replies WHERE state = 'sending'")
+        return [(r[0], int(r[1])) for r in rows]
 
     async def record_usage(
         self,
@@ -938,4 +1035,13 @@ class Store:
             return await tx.activity(place, since, divider)
 
 
-__all__ = ["SUMMARY_NAMESPACE", "Activity", "ClearKind", "Store", "StoreError", "Tx", "UsageRow"]
+__all__ = [
+    "SUMMARY_NAMESPACE",
+    "Activity",
+    "ClearKind",
+    "ReplyState",
+    "Store",
+    "StoreError",
+    "Tx",
+    "UsageRow",
+]

@@ -202,6 +202,25 @@ class BotProcess:
                     proc.kill()
         return await self._reap()
 
+    async def kill(self) -> int:
+        """SIGKILL at once, as a crash would; the exit code."""
+        proc = self._proc
+        if proc is None:
+            return self.returncode if self.returncode is not None else 0
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        return await self._reap()
+
+    async def terminate(self, timeout: float = 30) -> int:
+        """SIGTERM (as a service manager stops it) and wait; the exit code."""
+        proc = self._proc
+        if proc is None:
+            return self.returncode if self.returncode is not None else 0
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), timeout)
+        return await self._reap()
+
     async def restart(self, timeout: float = 30) -> None:
         """Stop and start again on the same folder, port and data."""
         await self.stop()

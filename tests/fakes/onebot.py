@@ -226,6 +226,8 @@ class OneBotSim:
             "send_group_forward_msg": lambda p: self._send_forward({**p, "message_type": "group"}),
             "send_private_forward_msg": lambda p: self._send_forward({**p, "message_type": "private"}),
             "delete_msg": lambda _: None,
+            "get_group_msg_history": self._get_group_msg_history,
+            "get_friend_msg_history": self._get_friend_msg_history,
         }
         self.disconnected = asyncio.Event()
         self._ids = itertools.count(1001)
@@ -409,21 +411,25 @@ class OneBotSim:
         await self.send_event(event)
 
     async def _push_message(self, stored: StoredMessage, *, sub_type: str, extra: dict[str, Any]) -> None:
-        await self.send_event(
-            {
-                "time": stored.time,
-                "post_type": "message",
-                "message_type": stored.message_type,
-                "sub_type": sub_type,
-                "message_id": stored.message_id,
-                "user_id": stored.sender["user_id"],
-                **extra,
-                "message": stored.message,
-                "raw_message": to_cq(stored.message),
-                "font": 0,
-                "sender": stored.sender,
-            }
-        )
+        if self._ws is None:
+            return  # said while the bot was away: kept, and fetched by the history actions
+        await self.send_event(self._event_of(stored, sub_type=sub_type, extra=extra))
+
+    def _event_of(self, stored: StoredMessage, *, sub_type: str, extra: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "time": stored.time,
+            "self_id": self.self_id,
+            "post_type": "message",
+            "message_type": stored.message_type,
+            "sub_type": sub_type,
+            "message_id": stored.message_id,
+            "user_id": stored.sender["user_id"],
+            **extra,
+            "message": stored.message,
+            "raw_message": to_cq(stored.message),
+            "font": 0,
+            "sender": stored.sender,
+        }
 
     def _store(
         self,
@@ -553,6 +559,36 @@ class OneBotSim:
         if stored.group_id is not None:
             data["group_id"] = stored.group_id
         return data
+
+    # The history actions as NapCat answers them (NapNeko/NapCatQQ
+    # src/onebot/action/go-cqhttp/GetGroupMsgHistory.ts, GetFriendMsgHistory.ts): `count`
+    # (default 20) of the latest messages, or of those up to `message_seq` when given
+    # (Lagrange names the anchor `message_id`: LagrangeDev/Lagrange.Doc
+    # docs/Lagrange.OneBot/API/Extend/index.md); `{"messages": [...]}`, each message as its
+    # event, oldest first, the bot's own messages included. NapCat reverses the list
+    # whatever `reverseOrder` says, so `reverse_history` answers newest first.
+    reverse_history: bool = False
+
+    def _history(self, kind: str, match: Callable[[StoredMessage], bool], params: dict[str, Any]):
+        count = int(params.get("count") or 20)
+        anchor = params.get("message_seq") or params.get("message_id")
+        found = [m for m in self.messages.values() if m.message_type == kind and match(m)]
+        if anchor:
+            found = [m for m in found if m.message_id <= int(anchor)]
+        items = []
+        for m in found[-count:]:
+            extra = {"group_id": m.group_id, "anonymous": None} if kind == "group" else {}
+            item = self._event_of(m, sub_type="normal" if kind == "group" else "friend", extra=extra)
+            items.append({**item, "message_seq": m.message_id, "real_id": m.message_id})
+        return {"messages": items[::-1] if self.reverse_history else items}
+
+    def _get_group_msg_history(self, params: dict[str, Any]) -> dict[str, Any]:
+        gid = int(params["group_id"])
+        return self._history("group", lambda m: m.group_id == gid, params)
+
+    def _get_friend_msg_history(self, params: dict[str, Any]) -> dict[str, Any]:
+        uid = int(params["user_id"])
+        return self._history("private", lambda m: uid in (m.user_id, m.sender.get("user_id")), params)
 
     def _member_info(self, m: Member) -> dict[str, Any]:
         return {

@@ -1,0 +1,454 @@
+"""Soak: bot.py as a real process under many groups, a failing model, and a SIGKILL.
+
+    .venv/bin/python bench/soak.py --groups 1000 --rate 100 --minutes 4
+
+- bot.py runs as its own process (tests/fakes/botproc.py) at LOG_LEVEL=INFO with a
+  count line, so compressions happen;
+- the model is a ScriptedLLM in a process of its own: every answer takes 0.3–2 s, 3 % of
+  chat requests fail with 500 and 1 % with 429, 5 % of summaries fail; a chat answer
+  names the questions it saw after the last answer in its prompt, and how long the
+  server spent on that prompt (all attempts), so the bench can tell overhead from model time;
+- our own OneBot client (tests/fakes/onebot.py) connects over reverse WebSocket: groups
+  of 5 members talk at `--rate` messages/s (10 % address the bot, bursts, 5,000-character
+  pastes, malformed events) and it answers `get_group_msg_history` as NapCat does,
+  keeping what is said while the bot is down;
+- at `--kill-at` of the run the bot gets SIGKILL and is started again at once on the
+  same data; the client reconnects when the bot listens again.
+
+It prints: messages said / lost / duplicated / out of order, said-while-down not
+recorded, questions unanswered within the window, answered twice, turn overhead p50/p99
+(answers from one model request), bot CPU ms per message, resident-memory slope after
+warm-up, log bytes per 1,000 messages. Figures, not assertions: tests/test_soak.py runs a
+small version and asserts the correctness figures.
+"""
+
+# ruff: noqa: T201
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import itertools
+import json
+import os
+import random
+import re
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.fakes.botproc import BotProcess
+from tests.fakes.onebot import OneBotSim, at, text
+
+SELF_ID = 10000
+PERSONA = "你是压测群里的助手小记，回答简短。"
+SUMMARISER = "你是对话摘要员"
+SUMMARY = "【保留原文】无\n## 最近在聊什么\n大家在闲聊\n## 谁有问题没回应\n无\n## 关键原话要点\n无"
+TOKEN = re.compile(r"\b([MQ]\d+)\b")
+QUESTION = re.compile(r"\bQ\d+\b")
+APOLOGY = "抱歉"
+
+
+# ---- the model server (its own process) -------------------------------------------------
+def serve_model(port_file: Path, faults: bool, seed: int) -> None:
+    from tests.fakes.llm_server import Reply, ScriptedLLM
+
+    rng = random.Random(seed)
+    lock = threading.Lock()
+    spent: dict[str, tuple[int, float]] = {}
+
+    def respond(body: dict[str, Any]) -> Reply:
+        messages = body["messages"]
+        delay = rng.uniform(0.3, 2.0)
+        if str(messages[0].get("content", "")).startswith(SUMMARISER):
+            if faults and rng.random() < 0.05:
+                return Reply(status=500, delay=delay)
+            return Reply(SUMMARY, delay=delay)
+        key = hashlib.sha1(json.dumps(messages, ensure_ascii=False).encode()).hexdigest()
+        with lock:
+            attempts, total = spent.get(key, (0, 0.0))
+            spent[key] = (attempts + 1, total + delay)
+        roll = rng.random()
+        if faults and roll < 0.03:
+            return Reply(status=500, delay=delay)
+        if faults and roll < 0.04:
+            return Reply(status=429, headers={"Retry-After": "1"}, delay=delay)
+        seen: list[str] = []
+        for m in messages:  # the questions after the last answer: what this answer covers
+            if m["role"] == "assistant":
+                seen = []
+            elif m["role"] == "user":
+                seen += QUESTION.findall(str(m.get("content") or ""))
+        attempts, total = spent.pop(key)
+        return Reply(
+            f"收到 {' '.join(seen) or '-'} attempts={attempts} model_ms={total * 1000:.0f}", delay=delay
+        )
+
+    llm = ScriptedLLM()
+    llm.on_request(respond)
+    llm.start()
+    port_file.write_text(llm.base_url)
+    threading.Event().wait()
+
+
+def start_model(workdir: Path, faults: bool, seed: int) -> tuple[subprocess.Popen[bytes], str]:
+    port_file = workdir / "model.url"
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve-model", str(port_file), "--seed", str(seed)]
+        + (["--faults"] if faults else ["--no-faults"]),
+        cwd=REPO,
+    )
+    for _ in range(200):
+        if port_file.exists() and port_file.read_text():
+            return proc, port_file.read_text()
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("the model server did not start")
+
+
+# ---- the run ----------------------------------------------------------------------------
+@dataclass
+class Said:
+    token: str
+    group: int
+    message_id: int
+    at: float
+    down: bool
+    question: bool
+
+
+@dataclass
+class Results:
+    said: int = 0
+    said_while_down: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    out_of_order: int = 0
+    down_not_recorded: int = 0
+    questions: int = 0
+    unanswered: int = 0
+    answered_twice: int = 0
+    overhead_ms: list[float] = field(default_factory=list)
+    cpu_ms_per_message: float = 0.0
+    rss_slope_mb_per_min: list[float] = field(default_factory=list)
+    log_bytes_per_1000: float = 0.0
+    turns: int = 0
+    compressions: int = 0
+
+    def report(self) -> str:
+        p = (
+            f"{statistics.median(self.overhead_ms):.0f} / {_pct(self.overhead_ms, 0.99):.0f} ms"
+            if self.overhead_ms
+            else "-"
+        )
+        return "\n".join(
+            [
+                f"messages said: {self.said} ({self.said_while_down} while the bot was down)",
+                f"lost: {self.lost}  duplicated: {self.duplicated}  out of order: {self.out_of_order}",
+                f"said while down, not recorded: {self.down_not_recorded}",
+                f"questions: {self.questions}  unanswered within the window: {self.unanswered}"
+                f"  answered twice: {self.answered_twice}",
+                f"turn overhead p50 / p99 (one model request): {p} over {len(self.overhead_ms)} answers",
+                f"bot CPU per message: {self.cpu_ms_per_message:.2f} ms",
+                "resident memory slope after warm-up (per process life): "
+                + ", ".join(f"{s:+.2f} MB/min" for s in self.rss_slope_mb_per_min),
+                f"log: {self.log_bytes_per_1000 / 1024:.1f} KB per 1,000 messages",
+                f"INFO turn lines: {self.turns}, compressions: {self.compressions}",
+            ]
+        )
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class Proc:
+    """CPU and RSS of one bot process life, from /proc."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.cpu = 0.0
+        self.rss: list[tuple[float, float]] = []
+
+    def sample(self) -> None:
+        try:
+            stat = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            self.cpu = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+            for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    self.rss.append((time.monotonic(), int(line.split()[1]) / 1024))
+        except (OSError, IndexError):
+            pass
+
+    def slope(self, warmup: float) -> float | None:
+        if not self.rss:
+            return None
+        start = self.rss[0][0] + warmup
+        points = [(t, r) for t, r in self.rss if t >= start]
+        if len(points) < 3:
+            return None
+        tm = statistics.mean(t for t, _ in points)
+        rm = statistics.mean(r for _, r in points)
+        den = sum((t - tm) ** 2 for t, _ in points)
+        return sum((t - tm) * (r - rm) for t, r in points) / den * 60 if den else None
+
+
+async def run(
+    workdir: Path,
+    *,
+    groups: int,
+    rate: float,
+    seconds: float,
+    kill_at: float | None = 0.5,
+    faults: bool = True,
+    warmup: float = 120.0,
+    settle: float = 30.0,
+    seed: int = 1,
+    extra_env: dict[str, str] | None = None,
+) -> Results:
+    rng = random.Random(seed)
+    model, base_url = start_model(workdir, faults, seed)
+    model_cfg = {
+        "id": "soak/model",
+        "base_url": base_url,
+        "api_key": "sk-soak",
+        "context_window": 32000,
+        "max_output_tokens": 1024,
+    }
+    env = {
+        "MEMSUM_MODELS": json.dumps([model_cfg]),
+        "MEMSUM_PERSONA": PERSONA,
+        "MEMSUM_HISTORY_LIMIT": "40",
+        "MEMSUM_LLM_TIMEOUT": "30",
+        **(extra_env or {}),
+    }
+    bot = BotProcess(workdir / "bot", env=env, log_level="INFO")
+    said: list[Said] = []
+    replies: list[tuple[float, str, dict[str, Any]]] = []
+    lives: list[Proc] = []
+    try:
+        await bot.start(60)
+        lives.append(Proc(_pid(bot)))
+        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+        sim.responders["send_msg"] = _recording_send(sim, replies)
+        sim.responders["send_group_msg"] = lambda p: sim.responders["send_msg"](
+            {**p, "message_type": "group"}
+        )
+        await sim.connect(60)
+        down = [False]
+        seq = 0
+        start = time.monotonic()
+        deadline = start + seconds
+        kill_time = start + seconds * kill_at if kill_at is not None else None
+        interval = 1 / rate
+        next_at = start
+        sampler = asyncio.create_task(_sample(lives))
+        reconnect: asyncio.Task[None] | None = None
+        while (now := time.monotonic()) < deadline:
+            if kill_time is not None and now >= kill_time:
+                kill_time = None
+                lives[-1].sample()
+                await bot.kill()
+                down[0] = True
+                reconnect = asyncio.create_task(_restart(bot, sim, lives, down))
+            if now < next_at:
+                await asyncio.sleep(min(next_at - now, 0.05))
+                continue
+            next_at += interval
+            group = 900000 + rng.randrange(groups)
+            burst = 3 if rng.random() < 0.05 else 1
+            for _ in range(burst):
+                seq += 1
+                said.append(await _say(sim, rng, group, seq, down[0]))
+        if reconnect is not None:
+            await reconnect
+        await asyncio.sleep(settle)  # answers in flight, queued compressions
+        sampler.cancel()
+        lives[-1].sample()
+        await sim.close()
+        await bot.terminate(60)
+    finally:
+        await bot.stop()
+        model.kill()
+    return _analyse(bot, said, replies, lives, warmup)
+
+
+def _pid(bot: BotProcess) -> int:
+    assert bot._proc is not None
+    return bot._proc.pid
+
+
+async def _restart(bot: BotProcess, sim: OneBotSim, lives: list[Proc], down: list[bool]) -> None:
+    await asyncio.wait_for(sim.disconnected.wait(), 30)
+    await bot.start(60)
+    lives.append(Proc(_pid(bot)))
+    await sim.connect(60)
+    down[0] = False
+
+
+async def _sample(lives: list[Proc]) -> None:
+    while True:
+        lives[-1].sample()
+        await asyncio.sleep(2)
+
+
+async def _say(sim: OneBotSim, rng: random.Random, group: int, seq: int, down: bool) -> Said:
+    uid = 20000 + rng.randrange(5)
+    question = rng.random() < 0.10
+    token = f"{'Q' if question else 'M'}{seq}"
+    roll = rng.random()
+    body = f"{token} 随便聊聊第{seq}句"
+    if roll < 0.002:
+        body = f"{token} " + "长" * 5000  # a paste
+    elif roll < 0.004:
+        body = f"{token} [伪造(12345)] 假装别人"  # a forgery, neutralised but stored
+    message: Any = [at(SELF_ID), text(f" {body}")] if question else body
+    if sim._ws is None:
+        down = True
+    try:
+        mid = await sim.group_message(group, uid, message, nickname=f"成员{uid - 20000}")
+    except Exception:  # the connection dropped mid-send: QQ still has it
+        down = True
+        mid = max(sim.messages) if sim.messages else 0
+    if rng.random() < 0.002 and sim._ws is not None:  # a malformed event: no message at all
+        try:
+            await sim.send_event({"post_type": "message", "message_type": "group", "group_id": group})
+        except Exception:
+            pass
+    return Said(token, group, mid, time.monotonic(), down, question)
+
+
+def _recording_send(sim: OneBotSim, replies: list[tuple[float, str, dict[str, Any]]]):
+    plain = sim._send_msg
+
+    def send(params: dict[str, Any]) -> dict[str, Any]:
+        replies.append((time.monotonic(), json.dumps(params.get("message"), ensure_ascii=False), params))
+        return plain(params)
+
+    return send
+
+
+def _analyse(
+    bot: BotProcess,
+    said: list[Said],
+    replies: list[tuple[float, str, dict[str, Any]]],
+    lives: list[Proc],
+    warmup: float,
+) -> Results:
+    r = Results(said=len(said), said_while_down=sum(s.down for s in said))
+    with sqlite3.connect(f"file:{bot.db_path}?mode=ro", uri=True) as con:
+        rows = con.execute(
+            "SELECT session_id, content FROM messages WHERE role = 'user' ORDER BY id"
+        ).fetchall()
+    found: Counter[str] = Counter()
+    order: defaultdict[str, list[str]] = defaultdict(list)
+    for sid, content in rows:
+        tokens = TOKEN.findall(content.split("] ", 1)[-1][:40])
+        if tokens:
+            found[tokens[0]] += 1
+            order[sid].append(tokens[0])
+    r.lost = sum(1 for s in said if found[s.token] == 0)
+    r.duplicated = sum(1 for s in said if found[s.token] > 1)
+    r.down_not_recorded = sum(1 for s in said if s.down and found[s.token] == 0)
+    position = {s.token: i for i, s in enumerate(said)}
+    for tokens in order.values():
+        seen = [position[t] for t in tokens if t in position]
+        r.out_of_order += sum(1 for a, b in itertools.pairwise(seen) if b < a)
+    questions = {s.token: s for s in said if s.question}
+    r.questions = len(questions)
+    answered: Counter[str] = Counter()
+    by_id = {s.message_id: s.token for s in said}
+    for t, raw, params in replies:
+        covered = QUESTION.findall(raw)
+        quoted = re.search(r'"reply", "data": \{"id": "(\d+)"', raw)
+        if not covered and quoted and APOLOGY in raw:  # a failed turn answers its asker with the apology
+            covered = [by_id.get(int(quoted.group(1)), "")]
+        answered.update(set(covered))
+        m = re.search(r"attempts=(\d+) model_ms=(\d+)", raw)
+        if quoted and m and m.group(1) == "1":
+            asker = next(
+                (q for q in covered if questions.get(q) and questions[q].message_id == int(quoted.group(1))),
+                None,
+            )
+            if asker is not None and answered[asker] == 1 and not questions[asker].down:
+                r.overhead_ms.append((t - questions[asker].at) * 1000 - int(m.group(2)))
+    r.unanswered = sum(1 for q in questions if answered[q] == 0)
+    r.answered_twice = sum(1 for q in questions if answered[q] > 1)
+    delivered = max(1, r.said - r.lost)
+    r.cpu_ms_per_message = sum(p.cpu for p in lives) * 1000 / delivered
+    r.rss_slope_mb_per_min = [s for p in lives if (s := p.slope(warmup)) is not None]
+    log = bot.log(all_runs=True)
+    r.log_bytes_per_1000 = len(log.encode()) * 1000 / delivered
+    r.turns = log.count("memsum: turn ")
+    r.compressions = log.count("memsum: compression ")
+    return r
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description="Soak: bot.py under many groups, a failing model, a SIGKILL."
+    )
+    parser.add_argument("--groups", type=int, default=100)
+    parser.add_argument("--rate", type=float, default=30, help="messages per second")
+    parser.add_argument("--minutes", type=float, default=5)
+    parser.add_argument("--kill-at", type=float, default=0.5, help="fraction of the run; negative: no kill")
+    parser.add_argument("--faults", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--warmup", type=float, default=120, help="seconds before the memory slope counts")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--bot", type=Path, help="another checkout's bot.py (a 'before' figure)")
+    parser.add_argument("--profile", action="store_true", help="cProfile the bot (no kill); print the top")
+    parser.add_argument("--serve-model", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_model:
+        serve_model(args.serve_model, args.faults, args.seed)
+        return
+    if args.bot:
+        import tests.fakes.botproc
+
+        tests.fakes.botproc.BOT_PY = args.bot.resolve()  # bot.py imports the package beside it
+    if args.profile:
+        import tests.fakes.botproc
+
+        tests.fakes.botproc.BOT_PY = REPO / "bench" / "profiled_bot.py"
+        args.kill_at = -1
+    with tempfile.TemporaryDirectory(prefix="memsum-soak-") as tmp:
+        results = asyncio.run(
+            run(
+                Path(tmp),
+                groups=args.groups,
+                rate=args.rate,
+                seconds=args.minutes * 60,
+                kill_at=args.kill_at if args.kill_at >= 0 else None,
+                faults=args.faults,
+                warmup=args.warmup,
+                seed=args.seed,
+            )
+        )
+        print(
+            f"soak: {args.groups} groups, {args.rate:g} msg/s, {args.minutes:g} min,"
+            f" kill at {args.kill_at:g}, faults {'on' if args.faults else 'off'}"
+        )
+        print(results.report())
+        if args.profile:
+            import pstats
+
+            stats = pstats.Stats(str(Path(tmp) / "bot" / "profile.out"))
+            stats.sort_stats("cumulative").print_stats(40)
+            stats.sort_stats("tottime").print_stats(30)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,303 @@
+"""Nothing lost around a crash or a reconnect (issue 15).
+
+When an account connects, every session of it with a message stored in the last
+MEMSUM_BACKFILL_HOURS fetches what was said while the bot was away
+(`get_group_msg_history` / `get_friend_msg_history`) and records it through the same
+path as a live message (same labels; stored once by platform message id), a few
+sessions at a time; a live message of such a session waits until its backfill is
+done, so what was said before it is stored before it. Then every question to the bot
+younger than MEMSUM_RESUME_WINDOW with no answer yet gets one turn per session (the
+newest asker quoted), as a burst does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from nonebot import get_driver
+from nonebot.adapters.onebot.v11 import Adapter, Bot, GroupMessageEvent, MessageEvent, PrivateMessageEvent
+from nonebot.log import logger
+
+from nonebot_plugin_memsum import clock, runtime
+
+from .render import is_empty
+from .sessions import PLATFORM, group_record, private_record
+
+FETCHES_AT_ONCE = 8
+"""History fetches in flight per account: 1,000 groups take seconds, live messages pass."""
+SLACK = 5.0
+"""Seconds before a session's last stored message a fetched one may be from and still be
+new: platform times are whole seconds, stored times are when the bot received them."""
+HISTORY_ACTIONS = {"group": "get_group_msg_history", "private": "get_friend_msg_history"}
+
+
+@dataclass
+class Account:
+    """One connection's backfill: planned (the sessions to fetch are known), and per
+    session a gate live messages wait on until its history is in."""
+
+    planned: asyncio.Event = field(default_factory=asyncio.Event)
+    gates: dict[str, asyncio.Event] = field(default_factory=dict)
+    unsupported: set[str] = field(default_factory=set)
+    """History actions the implementation refused on this connection: not called again."""
+    task: asyncio.Task[None] | None = None
+
+
+# ---- the pure part --------------------------------------------------------------------
+def history_params(kind: str, target: int, count: int) -> dict[str, Any]:
+    """The parameters every implementation reads the same way: the latest `count` messages.
+
+    NapCat (NapNeko/NapCatQQ src/onebot/action/go-cqhttp/GetGroupMsgHistory.ts,
+    GetFriendMsgHistory.ts): `message_seq` absent or 0 = the latest, `count` (default 20),
+    `reverseOrder`; LLOneBot the same names; Lagrange (LagrangeDev/Lagrange.Doc
+    docs/Lagrange.OneBot/API/Extend/index.md): `message_id` (the last one wanted) and
+    `count`; go-cqhttp (Mrs4s/go-cqhttp coolq/api.go CQGetGroupMessageHistory):
+    `message_seq` 0 = latest, always 20, no `count`. So: the target and `count`, no anchor.
+    """
+    key = "group_id" if kind == "group" else "user_id"
+    return {key: target, "count": count}
+
+
+def as_event_payload(raw: Mapping[str, Any], kind: str, self_id: str, target: int) -> dict[str, Any] | None:
+    """A fetched message as the event payload the adapter parses, with the fields some
+    implementations leave out (go-cqhttp sends no `post_type`); None when unusable."""
+    if not isinstance(raw, Mapping) or raw.get("message_id") is None or raw.get("sender") is None:
+        return None
+    payload: dict[str, Any] = {
+        "post_type": "message",
+        "message_type": kind,
+        "sub_type": "normal" if kind == "group" else "friend",
+        "font": 0,
+        "raw_message": "",
+        **raw,
+        "self_id": int(self_id),
+    }
+    payload.setdefault("user_id", (raw.get("sender") or {}).get("user_id"))
+    payload.setdefault("message", payload["raw_message"])
+    payload.setdefault("time", 0)
+    if kind == "group":
+        payload["group_id"] = target
+    if payload.get("user_id") is None:
+        return None
+    return payload
+
+
+def newest_after(payloads: Sequence[dict[str, Any]], after: float, limit: int) -> list[dict[str, Any]]:
+    """The last `limit` of those said from `after` − SLACK on, oldest first.
+
+    Implementations disagree on the order they answer in (NapCat reverses, whatever
+    `reverseOrder` says), so it is taken from the times; the answer's own order breaks ties.
+    """
+    ordered = list(payloads)
+    if len(ordered) > 1 and _time(ordered[0]) > _time(ordered[-1]):
+        ordered.reverse()
+    ordered.sort(key=_time)  # stable: ties keep the answer's order
+    recent = [p for p in ordered if _time(p) >= after - SLACK]
+    return recent[-limit:] if limit > 0 else []
+
+
+def _time(payload: Mapping[str, Any]) -> float:
+    try:
+        return float(payload.get("time") or 0)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def addresses_bot(event: MessageEvent, self_id: str, nicknames: Iterable[str]) -> bool:
+    """What the adapter's `to_me` says of a live event, for a fetched one: a private
+    message, an @ of the bot, or a group message that starts with one of its nicknames."""
+    if isinstance(event, PrivateMessageEvent):
+        return True
+    message = event.original_message
+    if any(seg.type == "at" and str(seg.data.get("qq", "")) == self_id for seg in message):
+        return True
+    text = message.extract_plain_text().lstrip()
+    return any(nick and text.startswith(nick) for nick in nicknames)
+
+
+def is_command(event: MessageEvent, starts: Iterable[str], names: Iterable[str]) -> bool:
+    """A command of this plugin: those are answered, never stored."""
+    text = event.original_message.extract_plain_text().lstrip()
+    return any(text.startswith(start + name) for start in starts for name in names)
+
+
+# ---- the I/O shell --------------------------------------------------------------------
+def account_of(bot: Bot) -> Account:
+    """This connection's backfill, started on first use (the connect hook or an event that
+    beat it): its messages must not be stored before what was said before them."""
+    accounts = runtime.get().onebot.accounts
+    account = accounts.get(bot.self_id)
+    if account is None:
+        account = accounts[bot.self_id] = Account()
+        account.task = asyncio.create_task(_recover(bot, account), name=f"memsum-recover-{bot.self_id}")
+    return account
+
+
+def forget(bot: Bot) -> None:
+    """The connection is gone: the next one backfills again."""
+    account = runtime.get().onebot.accounts.pop(bot.self_id, None)
+    if account is not None and account.task is not None:
+        account.task.cancel()
+    if account is not None:
+        account.planned.set()
+        for gate in account.gates.values():
+            gate.set()
+
+
+async def wait_backfilled(bot: Bot, session_id: str) -> None:
+    """Until the session's history fetched on connect is stored (at once when none is due)."""
+    account = account_of(bot)
+    await account.planned.wait()
+    gate = account.gates.get(session_id)
+    if gate is not None:
+        await gate.wait()
+
+
+async def _recover(bot: Bot, account: Account) -> None:
+    rt = runtime.get()
+    config = rt.config
+    try:
+        sessions: list[tuple[str, float]] = []
+        if config.memsum_backfill_count and config.memsum_backfill_hours:
+            since = clock.now() - config.memsum_backfill_hours * 3600
+            sessions = await rt.store.recent_sessions(f"{PLATFORM}:{bot.self_id}:", since)
+        for sid, _ in sessions:
+            account.gates[sid] = asyncio.Event()
+    except Exception as err:
+        logger.warning(f"memsum: cannot plan the backfill of {bot.self_id}: {type(err).__name__}: {err}")
+        sessions = []
+    finally:
+        account.planned.set()
+    if sessions:
+        started, stored = clock.now(), 0
+        slots = asyncio.Semaphore(FETCHES_AT_ONCE)
+
+        async def one(sid: str, last: float) -> int:
+            async with slots:
+                try:
+                    return await _backfill(bot, account, sid, last)
+                except Exception as err:
+                    logger.warning(f"memsum: backfill of {sid} failed: {type(err).__name__}: {err}")
+                    return 0
+                finally:
+                    account.gates[sid].set()
+
+        # One session of each kind first: an implementation without the action answers
+        # one call with a failure, not a thousand.
+        probes: dict[str | None, tuple[str, float]] = {}
+        for sid, last in sessions:
+            probes.setdefault(_target(sid)[0], (sid, last))
+        rest = [item for item in sessions if item not in probes.values()]
+        stored = sum(await asyncio.gather(*(one(sid, last) for sid, last in probes.values())))
+        stored += sum(await asyncio.gather(*(one(sid, last) for sid, last in rest)))
+        logger.info(
+            f"memsum: backfill of {bot.self_id}: {stored} messages said while away stored"
+            f" in {len(sessions)} sessions ({(clock.now() - started) * 1000:.0f} ms)"
+        )
+    if config.memsum_resume_window:
+        await _resume_questions(bot)
+
+
+async def _backfill(bot: Bot, account: Account, sid: str, last: float) -> int:
+    kind, target = _target(sid)
+    if kind is None or HISTORY_ACTIONS[kind] in account.unsupported:
+        return 0
+    action = HISTORY_ACTIONS[kind]
+    count = runtime.get().config.memsum_backfill_count
+    try:
+        data = await bot.call_api(action, **history_params(kind, target, count))
+    except Exception as err:  # ActionFailed (unknown action, bad params), NetworkError
+        if action not in account.unsupported:
+            account.unsupported.add(action)
+            logger.info(
+                f"memsum: {bot.self_id} cannot {action} ({type(err).__name__}); no backfill of that kind"
+            )
+        return 0
+    raw = data.get("messages") if isinstance(data, Mapping) else None
+    payloads = [p for r in raw or [] if (p := as_event_payload(r, kind, bot.self_id, target)) is not None]
+    stored = 0
+    for payload in newest_after(payloads, last, count):
+        event = Adapter.json_to_event(payload)
+        if isinstance(event, GroupMessageEvent | PrivateMessageEvent) and await _record_fetched(bot, event):
+            stored += 1
+    return stored
+
+
+async def _record_fetched(bot: Bot, event: MessageEvent) -> bool:
+    from nonebot_plugin_memsum.commands import COMMAND_NAMES  # commands import this package
+
+    from .record import record_message
+
+    if str(event.user_id) == bot.self_id or (is_empty(event.original_message) and event.reply is None):
+        return False  # the bot's own answer is stored as the assistant's; nothing said
+    if is_command(event, get_driver().config.command_start, COMMAND_NAMES):
+        return False
+    rt = runtime.get()
+    asks = addresses_bot(event, bot.self_id, rt.nicknames)
+    _, msg = await record_message(bot, event, addressed=asks, said_at=float(event.time), fetched=True)
+    return msg is not None
+
+
+async def _resume_questions(bot: Bot) -> None:
+    """One turn per session with questions younger than the window and no answer yet."""
+    from .matchers import answer_if_allowed  # the matchers import this module
+
+    rt = runtime.get()
+    since = clock.now() - rt.config.memsum_resume_window
+    newest: dict[str, Any] = {}
+    for sid, msg in await rt.store.pending_questions(since, prefix=f"{PLATFORM}:{bot.self_id}:"):
+        newest[sid] = msg  # storage order: the last one is the newest asker
+    for sid, msg in newest.items():
+        kind, target = _target(sid)
+        if kind is None or msg.platform_id is None or msg.name is None:
+            continue
+        event = _quotable(bot, kind, target, msg.platform_id, msg.name, msg.ts)
+        if event is None:
+            continue
+        record = group_record(bot.self_id, target) if kind == "group" else private_record(bot.self_id, target)
+        if await rt.controls.mode(record) != "on":
+            continue  # the owner turned answers off meanwhile
+        await answer_if_allowed(bot, event, record, msg.id)  # the daily cap and the cooldown decide
+    if newest:
+        logger.info(
+            f"memsum: {len(newest)} sessions of {bot.self_id} had questions left unanswered; answering"
+        )
+
+
+def _quotable(
+    bot: Bot, kind: str, target: int, platform_id: str, user_id: str, ts: float
+) -> MessageEvent | None:
+    """The stored question as the event an answer quotes and is sent to."""
+    try:
+        message_id, uid = int(platform_id), int(user_id)
+    except ValueError:
+        return None
+    payload = {
+        "post_type": "message",
+        "message_type": kind,
+        "sub_type": "normal" if kind == "group" else "friend",
+        "time": math.floor(ts),
+        "self_id": int(bot.self_id),
+        "message_id": message_id,
+        "user_id": uid,
+        "message": [],
+        "raw_message": "",
+        "font": 0,
+        "sender": {"user_id": uid},
+    }
+    if kind == "group":
+        payload["group_id"] = target
+    event = Adapter.json_to_event(payload)
+    return event if isinstance(event, MessageEvent) else None
+
+
+def _target(session_id: str) -> tuple[str | None, int]:
+    """`onebot:<self>:group:<id>` → ("group", id); anything else → (None, 0)."""
+    parts = session_id.split(":")
+    if len(parts) != 4 or parts[0] != PLATFORM or parts[2] not in HISTORY_ACTIONS or not parts[3].isdigit():
+        return None, 0
+    return parts[2], int(parts[3])

@@ -1,0 +1,164 @@
+"""Issue 15 end to end: bot.py as a real process killed with SIGKILL and started again on
+the same data, the OneBot simulator keeping what the group said meanwhile and answering
+`get_group_msg_history` as NapCat does (see tests/fakes/onebot.py for the sources).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fakes.botproc import BotProcess
+from tests.fakes.e2e import SELF_ID, group_sid, query, until, wait_log
+from tests.fakes.llm_server import Reply, ScriptedLLM
+from tests.fakes.onebot import OneBotSim, at, text
+
+PERSONA = "你是崩溃测试群里的助手小记。"
+
+
+def is_chat(body: dict[str, Any]) -> bool:
+    return body["messages"][0]["content"] == PERSONA
+
+
+@pytest.fixture
+async def llm_answers(llm: ScriptedLLM) -> AsyncIterator[ScriptedLLM]:
+    llm.reset()
+    llm.on_request(lambda b: Reply("好的") if is_chat(b) else None)
+    yield llm
+    llm.reset()
+
+
+def env(llm: ScriptedLLM, **extra: str) -> dict[str, str]:
+    return {
+        "MEMSUM_MODELS": json.dumps([llm.model_config("test/model")]),
+        "MEMSUM_PERSONA": PERSONA,
+        **extra,
+    }
+
+
+async def contents(bot: BotProcess, sid: str) -> list[str]:
+    rows = await query(bot.db_path, "SELECT content FROM messages WHERE session_id = ? ORDER BY id", sid)
+    return [r[0] for r in rows]
+
+
+async def connect(bot: BotProcess, sim: OneBotSim) -> None:
+    await sim.connect()
+    await wait_log(bot, f"Bot {SELF_ID} connected")
+
+
+def answers_to(sim: OneBotSim, message_id: int) -> list[Any]:
+    """Sends that quote `message_id` (a group answer quotes its question)."""
+    return [
+        c
+        for c in sim.calls
+        if c.action in {"send_msg", "send_group_msg"}
+        and any(
+            seg.get("type") == "reply" and str(seg["data"]["id"]) == str(message_id)
+            for seg in (c.params.get("message") or [])
+            if isinstance(seg, dict)
+        )
+    ]
+
+
+async def test_what_was_said_while_the_bot_was_killed_is_stored_in_order_and_its_question_answered(
+    tmp_path: Path, llm_answers: ScriptedLLM
+) -> None:
+    group = 7001
+    sid = group_sid(group)
+    async with BotProcess(tmp_path / "bot", env=env(llm_answers), log_level="INFO") as bot:
+        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+        await connect(bot, sim)
+        await sim.group_message(group, 20001, "大家好", nickname="甲")
+        await until(lambda: _count(bot, sid, 1), "the first message")
+        await bot.kill()
+        await asyncio.wait_for(sim.disconnected.wait(), 15)
+        # Said while the bot is down: the simulator keeps it, as QQ does.
+        await sim.group_message(group, 20002, "机器人挂了吗", nickname="乙")
+        question = await sim.group_message(group, 20003, [at(SELF_ID), text(" 你还在吗？")], nickname="丙")
+        await sim.group_message(group, 20002, "好像挂了", nickname="乙")
+        await bot.start()
+        await connect(bot, sim)
+        await sim.group_message(group, 20001, "重连后的第一句", nickname="甲")
+        await until(lambda: _count(bot, sid, 6), "the backfill, the live message and the answer")
+        stored = await contents(bot, sid)
+        said = [c for c in stored if c.startswith("[")]
+        assert said == [
+            "[甲(20001)] 大家好",
+            "[乙(20002)] 机器人挂了吗",
+            "[丙(20003)] @小记(10000) 你还在吗？",
+            "[乙(20002)] 好像挂了",
+            "[甲(20001)] 重连后的第一句",
+        ]
+        await until(lambda: _answered(sim, question), "the answer to the question asked while down")
+        log = bot.log(all_runs=True)
+        # Logs keep no message text at INFO (what /清除 removes must not live on there).
+        for words in ("大家好", "机器人挂了吗", "你还在吗", "好的"):
+            assert words not in log
+        assert "memsum: backfill of 10000: 3 messages said while away stored" in log
+        # Once more: a reconnect fetches again, stores nothing twice, answers nothing twice.
+        await sim.close()
+        await connect(bot, sim)
+        await wait_log(bot, "memsum: backfill of 10000: 0 messages")
+        await sim.group_message(group, 20001, "再来一句", nickname="甲")
+        await until(lambda: _count(bot, sid, 7), "the live message after the second reconnect")
+        assert len(answers_to(sim, question)) == 1
+        assert len(await contents(bot, sid)) == 7
+        await sim.close()
+
+
+async def test_an_implementation_without_the_history_action_gets_one_info_line(
+    tmp_path: Path, llm_answers: ScriptedLLM
+) -> None:
+    async with BotProcess(tmp_path / "bot", env=env(llm_answers), log_level="INFO") as bot:
+        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+        del sim.responders["get_group_msg_history"]  # answered with retcode 1404, unknown action
+        await connect(bot, sim)
+        for group in (7101, 7102, 7103):
+            await sim.group_message(group, 20001, "在吗", nickname="甲")
+        await until(lambda: _count(bot, group_sid(7103), 1), "the messages")
+        await sim.close()
+        await connect(bot, sim)
+        log = await wait_log(bot, "memsum: backfill of 10000:")
+        assert log.count("cannot get_group_msg_history") == 1
+        calls = [c for c in sim.calls if c.action == "get_group_msg_history"]
+        assert len(calls) == 1
+        await sim.close()
+
+
+async def _count(bot: BotProcess, sid: str, n: int) -> bool:
+    return len(await contents(bot, sid)) >= n
+
+
+async def _answered(sim: OneBotSim, message_id: int) -> bool:
+    return bool(answers_to(sim, message_id))
+
+
+async def test_sigterm_lets_the_turn_in_flight_send_its_answer_before_the_bot_exits(
+    tmp_path: Path, llm_answers: ScriptedLLM
+) -> None:
+    group = 7201
+    bot = BotProcess(tmp_path / "bot", env=env(llm_answers), log_level="INFO")
+    await bot.start()
+    try:
+        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+        await connect(bot, sim)
+        llm_answers.reset()  # the gate answers first
+        with llm_answers.gate(Reply("马上好"), holds=is_chat) as gate:
+            question = await sim.group_message(group, 20001, [at(SELF_ID), text(" 在吗")], nickname="甲")
+            await gate.reached()
+            stopping = asyncio.ensure_future(bot.terminate(40))
+            await wait_log(bot, "SIGTERM: letting the turns in flight finish")
+            gate.open()
+            # uvicorn re-raises the signal once it has shut down cleanly: killed by it, or 0.
+            assert await stopping in (0, -signal.SIGTERM)
+        assert len(answers_to(sim, question)) == 1
+        assert "Application shutdown complete" in bot.log()
+        await sim.close()
+    finally:
+        await bot.stop()
