@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -100,7 +101,8 @@ async def test_what_was_said_while_the_bot_was_killed_is_stored_in_order_and_its
         # Logs keep no message text at INFO (what /清除 removes must not live on there).
         for words in ("大家好", "机器人挂了吗", "你还在吗", "好的"):
             assert words not in log
-        assert "memsum: backfill of 10000: 3 messages said while away stored" in log
+        # 3, or 4 when the fetch already saw the first live message (then stored once, from there)
+        assert re.search(r"memsum: backfill of 10000: [34] messages said while away stored", log)
         # Once more: a reconnect fetches again, stores nothing twice, answers nothing twice.
         await sim.close()
         await connect(bot, sim)
