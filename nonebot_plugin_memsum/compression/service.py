@@ -347,8 +347,8 @@ class CompressionService:
             return
         backoff = await self._set_backoff(sid, (await self._backoff_of(sid)).on_judged_turn())
         previous = self._judged.get(sid)
-        growth = usage.usage - previous[1] if previous and previous[0] == self._epoch[sid] else 0
-        self._judged[sid] = (self._epoch[sid], usage.usage)
+        growth = usage.usage - previous[1] if previous and previous[0] == self._epoch.get(sid, 0) else 0
+        self._judged[sid] = (self._epoch.get(sid, 0), usage.usage)
         facts = UsageFacts(
             turn_id=usage.turn_id,
             usage=usage.usage,
