@@ -411,9 +411,10 @@ class OneBotSim:
         await self.send_event(event)
 
     async def _push_message(self, stored: StoredMessage, *, sub_type: str, extra: dict[str, Any]) -> None:
-        if self._ws is None:
-            return  # said while the bot was away: kept, and fetched by the history actions
-        await self.send_event(self._event_of(stored, sub_type=sub_type, extra=extra))
+        try:
+            await self.send_event(self._event_of(stored, sub_type=sub_type, extra=extra))
+        except RuntimeError:
+            pass  # not connected: said while the bot was away, kept for the history actions
 
     def _event_of(self, stored: StoredMessage, *, sub_type: str, extra: dict[str, Any]) -> dict[str, Any]:
         return {
