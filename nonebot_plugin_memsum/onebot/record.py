@@ -52,7 +52,10 @@ async def record_message(
     record, group_id = record_of(bot, event)
     try:
         if not fetched:
-            await recovery.wait_backfilled(bot, record.id)
+            # FIFO here too: a message that waited for the backfill must not be overtaken
+            # by a later one that found it done.
+            async with rt.onebot.recording.hold(f"backfill:{record.id}"):
+                await recovery.wait_backfilled(bot, record.id)
         if arrival is not None:
             await rt.onebot.arrivals.wait_turn(arrival)
         # FIFO: a name look-up must not let a later message overtake.
