@@ -476,19 +476,6 @@ class Tx:
             "DELETE FROM settings WHERE scope = ? AND scope_key = ? AND name = ?", (scope, scope_key, name)
         )
 
-    async def record_usage(
-        self,
-        session_id: str | None,
-        purpose: str,
-        model: str,
-        tokens_in: int,
-        tokens_out: int,
-        tokens_cached: int = 0,
-    ) -> None:
-        """One call's tokens; `tokens_cached` is the part of `tokens_in` the provider's cache served."""
-        self._ledger.append((session_id, purpose, model, tokens_in, tokens_out, tokens_cached, clock.now()))
-        await self.write_ledger()
-
     async def write_ledger(self) -> None:
         """Write the usage rows waiting in memory, in one statement."""
         db = self._live()
