@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from tests.fakes.agent import MakeRuntime
+    from tests.fakes.pgserver import PgServer
     from tests.fakes.service import Env, Make
 
 _TMP = Path(tempfile.mkdtemp(prefix="memsum-tests-"))
@@ -167,3 +168,20 @@ async def make(tmp_path: Path) -> AsyncIterator["Make"]:
 @pytest.fixture
 async def env(make: "Make") -> "Env":
     return await make()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator["PgServer"]:
+    """One private PostgreSQL server for the whole run (tests/fakes/pgserver.py)."""
+    from tests.fakes.pgserver import PgServer
+
+    with PgServer() as server:
+        yield server
+
+
+@pytest.fixture
+def pg_url(pg_server: "PgServer") -> Iterator[str]:
+    """A fresh empty database on the test server, dropped after the test; its URL."""
+    url = pg_server.database()
+    yield url
+    pg_server.drop(url)
