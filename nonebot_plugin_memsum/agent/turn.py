@@ -36,6 +36,8 @@ from .tools import ToolContext, ToolRegistry
 
 ReplyFn = Callable[[str], Awaitable[None]]
 Contribution = Callable[[str], Awaitable[str | None]]
+MakeRoom = Callable[[str, "Entry", Prompt], Awaitable[bool]]
+"""Called from inside a turn whose prompt would be hard-trimmed; True when it compressed."""
 SILENT_MARK = "[不回复]"
 SILENT_RECORD = "（助手本轮选择不回复）"
 # Models imitate the `[昵称(ID)] ` labels they see; the bot never labels itself.
@@ -90,6 +92,8 @@ class Agent:
     _contributions: dict[str, list[Contribution]] = field(default_factory=dict)
     _summary: Contribution | None = None
     """The summary's injection: the last system part, whoever else contributes (R-INJ-1)."""
+    _make_room: MakeRoom | None = None
+    """The compression's way to avoid a hard trim (issue 9); see `on_trim`."""
     _turn_tasks: dict[str, asyncio.Task[Any] | None] = field(default_factory=dict)
     draining: bool = False
     """Shutting down: turns in flight finish, no new one starts (their questions are
@@ -103,6 +107,11 @@ class Agent:
     def inject_summary(self, fn: Contribution) -> None:
         """The summary's source, always the last system part, right before the history (R-INJ-1)."""
         self._summary = fn
+
+    def on_trim(self, fn: MakeRoom) -> None:
+        """Before a request that would be hard-trimmed, once per turn, `fn` may compress the
+        session (the turn holds its lock; the history and the summary are read again after)."""
+        self._make_room = fn
 
     def turn_lock(self, session_id: str) -> contextlib.AbstractAsyncContextManager[None]:
         """Held for the whole of a turn; the compression commit waits on it."""
@@ -194,17 +203,9 @@ class Agent:
         if model is None:
             raise NoChatModel
         limit = await self.history_limit(session_id, entry)
-        budget = self.trim_budget_of(model)
-        history = await self.store.get_history(session_id)
-        return assemble(
-            await self.system_parts(session_id, entry),
-            history,
-            history_limit=limit,
-            trim_budget=budget,
-            tools=self.tools.schemas() if with_tools else (),
-            estimate_msg=estimate_stored,
-            estimate_text=estimate_text_tokens,
-        )
+        tools = self.tools.schemas() if with_tools else []
+        _, prompt = await self._read_prompt(session_id, entry, limit, self.trim_budget_of(model), tools)
+        return prompt
 
     def _append(self, session_id: str, msg: Message) -> Awaitable[Message]:
         """Store a message with its token estimate, taken once here (Message.tokens)."""
@@ -322,24 +323,21 @@ class Agent:
             line = compression_line(compress_at.value, model.context_window, budget)
 
         ctx = ToolContext(session_id)
+        made_room = False
         for round_no in range(self.config.memsum_max_tool_rounds + 1):
             offer_tools = round_no < self.config.memsum_max_tool_rounds
             tools = self.tools.schemas() if offer_tools else []
-            history = await self.store.get_history(session_id)
+            history, prompt = await self._read_prompt(session_id, entry, limit, budget, tools)
+            if prompt.trimmed and not made_room and self._make_room is not None:
+                # Issue 9: compress now rather than send a trimmed request, at most once a turn.
+                made_room = True
+                if await self._make_room(session_id, entry, prompt):
+                    history, prompt = await self._read_prompt(session_id, entry, limit, budget, tools)
             if history and history[-1].id is not None:
                 stats.read = history[-1].id
             # R-TRIG-4: the active count at turn start plus the turn's tool calls and results
             # and the inputs that came in meanwhile: all of it is in this read.
             count = sum(m.is_conversation for m in history)
-            prompt = assemble(
-                await self.system_parts(session_id, entry),
-                history,
-                history_limit=limit,
-                trim_budget=budget,
-                tools=tools,
-                estimate_msg=estimate_stored,
-                estimate_text=estimate_text_tokens,
-            )
             facts = {
                 "session_id": session_id,
                 "platform": entry.platform,
@@ -399,6 +397,21 @@ class Agent:
                 await self.store.mark_reply(session_id, stats.read, "sent")
             return "replied"
         raise RuntimeError("unreachable: the last round offers no tools")
+
+    async def _read_prompt(
+        self, session_id: str, entry: Entry, limit: int, budget: int, tools: list[dict[str, Any]]
+    ) -> tuple[list[Message], Prompt]:
+        history = await self.store.get_history(session_id)
+        prompt = assemble(
+            await self.system_parts(session_id, entry),
+            history,
+            history_limit=limit,
+            trim_budget=budget,
+            tools=tools,
+            estimate_msg=estimate_stored,
+            estimate_text=estimate_text_tokens,
+        )
+        return history, prompt
 
     async def _run_tool(self, ctx: ToolContext, call: ToolCall) -> None:
         output = await self.tools.call(ctx, call.name, call.arguments)

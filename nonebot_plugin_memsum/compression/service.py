@@ -10,6 +10,7 @@ instant leaves the old state or the new one (R-RUN-11).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import time
 from collections.abc import Callable, Sequence
@@ -26,6 +27,7 @@ from nonebot_plugin_memsum.agent.events import (
     TurnStarted,
     UsageEvent,
 )
+from nonebot_plugin_memsum.agent.prompt import Prompt
 from nonebot_plugin_memsum.agent.tools import TodoProvider
 from nonebot_plugin_memsum.agent.turn import Agent, Entry
 from nonebot_plugin_memsum.compression.budget import compression_line, compute_budget
@@ -33,7 +35,7 @@ from nonebot_plugin_memsum.compression.keep import apply_count_rule
 from nonebot_plugin_memsum.compression.parse import parse_reply
 from nonebot_plugin_memsum.compression.request import ChunkPlan, is_context_too_long
 from nonebot_plugin_memsum.compression.templates import choose_template
-from nonebot_plugin_memsum.compression.trigger import Backoff, UsageFacts, compression_due
+from nonebot_plugin_memsum.compression.trigger import Backoff, UsageFacts, compression_due, usage_due
 from nonebot_plugin_memsum.compression.units import Estimators, Unit, build_units, cut_point, has_conversation
 from nonebot_plugin_memsum.config import Config
 from nonebot_plugin_memsum.errors import CompressionCancelled, CompressionError
@@ -124,6 +126,8 @@ class _Run:
     requests: int = 0
     line: int | None = None
     """The compression line the run's budget was taken from, for its history row."""
+    in_turn: bool = False
+    """Run by the session's own turn, which holds the turn lock (`make_room`)."""
 
 
 def same_item(a: Message, b: Message) -> bool:
@@ -161,8 +165,6 @@ class CompressionService:
     _backoff: LRU[str, Backoff] = field(default_factory=LRU)
     """Back-offs read or written so far (a fresh `Backoff()` when the store has none)."""
     _runs: dict[str, _Run] = field(default_factory=dict)
-    _judged: dict[str, tuple[int, int]] = field(default_factory=dict)
-    """(epoch, usage) of each session's last judged turn: the growth between two turns."""
     _commit_locks: KeyedLocks = field(default_factory=KeyedLocks)
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
     _judging: set[str] = field(default_factory=set)
@@ -181,6 +183,7 @@ class CompressionService:
         self.bus.subscribe(TurnStarted, self._on_turn_started)
         self.bus.subscribe(TurnEnded, self._on_turn_ended)
         self.agent.inject_summary(self.injection)
+        self.agent.on_trim(self.make_room)
 
     async def shutdown(self) -> None:
         """Abandon the runs still waiting on the model and wait for every run to end, as
@@ -275,7 +278,6 @@ class CompressionService:
                 await self.store.delete_session(session_id)
         self._epoch[session_id] = self._epoch.get(session_id, 0) + 1
         self._backoff.pop(session_id, None)
-        self._judged.pop(session_id, None)
         self._latest_turn_usage.pop(session_id, None)
         self._latest_usage.pop(session_id, None)
         self.settings.forget_session(session_id)
@@ -346,9 +348,6 @@ class CompressionService:
         if sid in self._runs:
             return
         backoff = await self._set_backoff(sid, (await self._backoff_of(sid)).on_judged_turn())
-        previous = self._judged.get(sid)
-        growth = usage.usage - previous[1] if previous and previous[0] == self._epoch.get(sid, 0) else 0
-        self._judged[sid] = (self._epoch.get(sid, 0), usage.usage)
         facts = UsageFacts(
             turn_id=usage.turn_id,
             usage=usage.usage,
@@ -360,12 +359,38 @@ class CompressionService:
             history_limit=usage.history_limit,
             platform=usage.platform,
             platform_type=usage.platform_type,
-            next_usage=usage.usage + max(0, growth),
         )
         compress_at = await self.compress_at(sid, usage.platform, usage.platform_type)
         if not compression_due(facts, compress_at, event.outcome) or not backoff.may_run():
             return
         await self._start_background(sid)
+
+    async def make_room(self, session_id: str, entry: Entry, prompt: Prompt) -> bool:
+        """Issue 9: a turn about to send a hard-trimmed request compresses first, when
+        R-TRIG-3 would start a compression after it anyway (the usage line on, E / 2
+        compressible, no back-off waiting): the same run one request earlier, so the
+        turn that compresses is not the turn that is trimmed. The turn waits for it."""
+        model = self.registry.resolve("chat")
+        if model is None or session_id in self._runs:
+            return False  # a background run commits after this turn
+        if not (await self._backoff_of(session_id)).may_run():
+            return False
+        facts = UsageFacts(
+            turn_id="make_room",
+            usage=prompt.estimate,
+            window=model.context_window,
+            trim_budget=self.agent.trim_budget_of(model),
+            trimmed=True,
+            untrimmed_history=prompt.untrimmed_history,
+            history_messages=0,
+            history_limit=None,
+            platform=entry.platform,
+            platform_type=entry.platform_type,
+        )
+        if not usage_due(facts, await self.compress_at(session_id, entry.platform, entry.platform_type)):
+            return False
+        result = await self._run_counted(session_id, in_turn=True)
+        return result is not None and result.outcome == "done"
 
     async def _start_background(self, sid: str) -> None:
         """Queue a due compression, marked first so a crash cannot forget it."""
@@ -447,8 +472,12 @@ class CompressionService:
     async def _background_run(self, session_id: str) -> None:
         if session_id in self._runs:  # R-PROG-3: the background skips
             return
+        await self._run_counted(session_id)
+
+    async def _run_counted(self, session_id: str, *, in_turn: bool = False) -> CompressionResult | None:
+        """A run nobody awaits the error of: a failure backs off (R-BACK-3); None then."""
         try:
-            await self._run(session_id)
+            return await self._run(session_id, in_turn=in_turn)
         except (CompressionError, StoreError) as err:  # warned about in the run already
             # R-BACK-4: a run cancelled by a clear is no failure
             if not isinstance(err, CompressionCancelled):
@@ -456,10 +485,11 @@ class CompressionService:
         except Exception:
             logger.exception(f"memsum: background compression of {session_id} crashed")
             await self._set_backoff(session_id, (await self._backoff_of(session_id)).on_failure())
+        return None
 
     # ---- the run (R-RUN, R-FAIL, R-PROG) ------------------------------------------------
-    async def _run(self, session_id: str) -> CompressionResult:
-        run = _Run()
+    async def _run(self, session_id: str, *, in_turn: bool = False) -> CompressionResult:
+        run = _Run(in_turn=in_turn)
         self._runs[session_id] = run
         started = time.perf_counter()
         try:
@@ -686,7 +716,7 @@ class CompressionService:
             # R-MEM-3: the model has answered, so from here a clear waits for this commit,
             # also while the commit itself waits for a running turn to end (R-TRIG-5).
             run.committing = True
-            async with self.agent.turn_lock(session_id):
+            async with contextlib.nullcontext() if run.in_turn else self.agent.turn_lock(session_id):
                 if run.cancelled.is_set():  # cleared from inside the turn it waited for
                     raise _Cleared
                 entry = await self._entry(session_id)

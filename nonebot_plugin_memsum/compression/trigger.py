@@ -28,9 +28,6 @@ class UsageFacts:
     history_limit: int | None
     platform: str | None
     platform_type: str | None
-    next_usage: int | None = None
-    """The next request's usage as expected: this one plus the growth since the previous
-    judged turn of the session (None: unknown)."""
 
 
 def usage_due(facts: UsageFacts, compress_at: Number | None) -> bool:
@@ -38,24 +35,13 @@ def usage_due(facts: UsageFacts, compress_at: Number | None) -> bool:
 
     R-CFG-4: compress_at 0 (or None, the service's answer for 0) turns this line
     off, although the budget still takes the trim budget as its line then.
-
-    Issue 9: a turn whose next request is expected over the trim budget counts as
-    hard-trimmed one turn early. R-TRIG-3 compresses once a turn was trimmed, after the
-    damage; judged against the next request, the same compression starts at the end of
-    the turn before, so no turn is trimmed in the normal flow. Everything else holds:
-    judged once at a turn's end, E / 2 compressible, R-TRIG-5's exclusions.
     """
     if facts.turn_id is None or finite_positive(compress_at) is None:
         return False
     line = compression_line(compress_at, facts.window, facts.trim_budget)
     if line is None:
         return False
-    anticipated = (
-        facts.next_usage is not None
-        and facts.trim_budget is not None
-        and facts.next_usage > facts.trim_budget
-    )
-    return (facts.usage >= line or facts.trimmed or anticipated) and 2 * facts.untrimmed_history >= line
+    return (facts.usage >= line or facts.trimmed) and 2 * facts.untrimmed_history >= line
 
 
 def count_due(history_messages: int, outcome: str, history_limit: int | None) -> bool:
