@@ -8,6 +8,7 @@ require("nonebot_plugin_localstore")
 
 from .commands import USAGE, is_memsum_command, register_commands
 from .config import Config, ConfigError, parse_config
+from .errors import StoreError
 
 __plugin_meta__ = PluginMetadata(
     name="记忆摘要",
@@ -40,10 +41,16 @@ web.mount(_driver, plugin_config)
 
 @_driver.on_startup
 async def _start() -> None:
-    db_path = plugin_config.memsum_db_path or get_plugin_data_file("memsum.db")
-    await runtime.start(
-        plugin_config, db_path, sorted(_driver.config.nickname), set(_driver.config.superusers)
-    )
+    location = plugin_config.store_location(get_plugin_data_file("memsum.db"))
+    try:
+        await runtime.start(
+            plugin_config, location, sorted(_driver.config.nickname), set(_driver.config.superusers)
+        )
+    except StoreError as err:
+        # R-CFG-1: a database that cannot be opened stops start-up with one line naming the key.
+        key = "MEMSUM_DB_URL" if plugin_config.memsum_db_url.get_secret_value() else "MEMSUM_DB_PATH"
+        logger.opt(colors=False).critical(f"nonebot-plugin-memsum: {key}: {err}")
+        raise SystemExit(2) from None
 
 
 @_driver.on_shutdown

@@ -10,6 +10,7 @@ import json
 import os
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
@@ -27,6 +28,7 @@ from .errors import ConfigError
 TIER_NAMES = ("onebot", "onebot.group", "onebot.private")
 Mode = Literal["on", "record", "off"]
 """开: record and answer; 仅记录: record and compress, never answer; 关: neither."""
+DB_URL_FORM = "must look like postgresql://user:password@host:port/dbname (empty: SQLite)"
 PERSONA_MAX = 1000
 """Characters a persona may have: it is sent with every call of its place."""
 DEFAULT_PERSONA = (
@@ -138,6 +140,9 @@ class Config(BaseModel):
     """What the bot says in chat when a turn fails (details go to the log only)."""
     memsum_db_path: Path | None = None
     """SQLite file; default: the plugin's data file from nonebot-plugin-localstore."""
+    memsum_db_url: SecretStr = SecretStr("")
+    """PostgreSQL instead of the SQLite file: `postgresql://user:password@host:port/db`
+    (several bot processes on one memory); empty = SQLite."""
     memsum_llm_timeout: float = Field(default=120, gt=0)
     """Seconds one model request may take."""
     memsum_tokenizer: str = Field(default="o200k_base", pattern=r"^(o200k_base|cl100k_base)$")
@@ -173,6 +178,26 @@ class Config(BaseModel):
         if value and len(value) < 16:
             raise ValueError("the web token must be at least 16 characters (or empty: page off)")
         return SecretStr(value)
+
+    @field_validator("memsum_db_url")
+    @classmethod
+    def _postgres_url(cls, url: SecretStr) -> SecretStr:
+        # The URL holds a password: the message says what is wrong, never the value.
+        value = url.get_secret_value().strip()
+        if not value:
+            return SecretStr("")
+        try:
+            parts = urlsplit(value)
+            parts.port
+        except ValueError:
+            raise ValueError(DB_URL_FORM + " (the port is not a number)") from None
+        if parts.scheme not in ("postgresql", "postgres") or not parts.hostname or len(parts.path) < 2:
+            raise ValueError(DB_URL_FORM)
+        return SecretStr(value)
+
+    def store_location(self, default: Path) -> Path | str:
+        """Where the store lives: the PostgreSQL URL, else the SQLite file (`default` if unset)."""
+        return self.memsum_db_url.get_secret_value() or self.memsum_db_path or default
 
     @field_validator("memsum_persona")
     @classmethod

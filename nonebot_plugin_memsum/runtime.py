@@ -11,7 +11,6 @@ import asyncio
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -29,7 +28,7 @@ from .llm import LLMClient, Registry
 from .llm.tokens import aload_encoding, encoding_name, estimate_text_tokens
 from .onebot.state import OneBotState
 from .settings import Settings
-from .store import Store
+from .store import Location, Store, open_store
 from .usage import zone_of
 
 
@@ -64,14 +63,14 @@ def get() -> Runtime:
     return _current
 
 
-async def start(config: Config, db_path: Path, nicknames: list[str], superusers: set[str]) -> Runtime:
+async def start(config: Config, location: Location, nicknames: list[str], superusers: set[str]) -> Runtime:
     """Build the plugin's runtime once (idempotent) and make it the current one."""
     global _current
     if _current is None:
-        _current = await build(config, db_path, nicknames, superusers)
+        _current = await build(config, location, nicknames, superusers)
         chat, summary = _current.registry.resolve("chat"), _current.registry.resolve("summary")
         logger.info(
-            f"memsum: database {db_path}; chat model {chat.id if chat else '-'}, "
+            f"memsum: database {_current.store}; chat model {chat.id if chat else '-'}, "
             f"summary model {summary.id if summary else '-'}; tokenizer {encoding_name()}"
         )
         await resume(_current)
@@ -122,11 +121,11 @@ def _defer_sigterm(rt: Runtime) -> None:
         return
 
 
-async def build(config: Config, db_path: Path, nicknames: list[str], superusers: set[str]) -> Runtime:
-    """Open the store and wire every part; tests build private ones with this."""
+async def build(config: Config, location: Location, nicknames: list[str], superusers: set[str]) -> Runtime:
+    """Open the store (`location`: `Config.store_location`) and wire every part; tests build
+    private ones with this."""
     await aload_encoding(config.memsum_tokenizer)
-    store = Store(db_path)
-    await store.open()
+    store = await open_store(location)
     registry = Registry(
         config.memsum_models,
         preferred=config.memsum_preferred_model,

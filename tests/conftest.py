@@ -64,6 +64,23 @@ def _nonebot_init() -> None:
     """Overrides nonebug's: NoneBot was initialised in pytest_configure."""
 
 
+ENGINES = ("sqlite", "postgresql")
+
+
+@pytest.fixture(params=ENGINES)
+async def location(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Path | str]:
+    """Where a test's store lives, once per engine: a file in tmp_path, or a fresh
+    PostgreSQL database (tests/fakes/pgdb.py)."""
+    if request.param == "sqlite":
+        yield tmp_path / "data" / "memsum.db"
+        return
+    from tests.fakes.pgdb import fresh_database
+
+    server: PgServer = request.getfixturevalue("pg_server")  # tests/fakes/pgserver.py
+    async with fresh_database(server.url()) as url:
+        yield url
+
+
 @pytest.fixture(scope="module")
 def llm() -> Iterator[ScriptedLLM]:
     """A scripted model server of the module's own; a module may define its own `llm`."""

@@ -87,9 +87,9 @@ async def make_rt(tmp_path: Path, llm: ScriptedLLM) -> AsyncIterator[MakeRuntime
         llm.reset()
 
 
-# ---- the store ------------------------------------------------------------------------
-async def test_a_message_is_stored_once_by_its_platform_id(tmp_path: Path) -> None:
-    store = Store(tmp_path / "m.db")
+# ---- the store (on both engines) ------------------------------------------------------
+async def test_a_message_is_stored_once_by_its_platform_id(location: Path | str) -> None:
+    store = Store(location)
     await store.open()
     try:
         now = clock.now()
@@ -117,9 +117,9 @@ async def test_a_message_is_stored_once_by_its_platform_id(tmp_path: Path) -> No
 
 
 async def test_pending_questions_are_those_after_the_last_reply_mark_within_the_window(
-    tmp_path: Path,
+    location: Path | str,
 ) -> None:
-    store = Store(tmp_path / "q.db")
+    store = Store(location)
     await store.open()
     try:
         now = clock.now()
@@ -149,8 +149,8 @@ async def test_pending_questions_are_those_after_the_last_reply_mark_within_the_
         await store.close()
 
 
-async def test_recent_sessions_are_those_with_a_message_since(tmp_path: Path) -> None:
-    store = Store(tmp_path / "r.db")
+async def test_recent_sessions_are_those_with_a_message_since(location: Path | str) -> None:
+    store = Store(location)
     await store.open()
     try:
         now = clock.now()

@@ -1,4 +1,5 @@
-"""Recall (issue 11): the search index on real SQLite files, the `recall` tool, `/回忆`'s
+"""Recall (issue 11): the search index on both engines (real SQLite files, fresh PostgreSQL
+databases; the background index of an older file is SQLite's alone), the `recall` tool, `/回忆`'s
 arguments, clearing, isolation, and the upgrade of a database made by the version before.
 
 Messages are stored through `Store.append` (the path OneBot recording takes), labelled
@@ -38,6 +39,7 @@ from nonebot_plugin_memsum.store import search as search_mod
 from nonebot_plugin_memsum.store.migrations import MIGRATIONS, migrate
 from nonebot_plugin_memsum.types import Message, ToolCall
 from tests.fakes.logs import captured
+from tests.fakes.pgdb import raw
 
 T = TypeVar("T")
 GROUP = "onebot:10000:group:1"
@@ -54,8 +56,8 @@ def said(name: str, qq: int, body: str, ts: float | None = None) -> Message:
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    s = Store(tmp_path / "memsum.db")
+async def store(location: Path | str) -> AsyncIterator[Store]:
+    s = Store(location)
     await s.open()
     yield s
     await s.close()
@@ -224,11 +226,13 @@ async def test_archived_messages_stay_findable_after_compression(store: Store) -
     assert await find(store, GROUP, "周末") == [stored[0].content]  # a kept original
 
 
-def _index_rows(path: Path, match: str) -> list[int]:
-    with sqlite3.connect(path) as conn:
-        return [
-            r[0] for r in conn.execute("SELECT rowid FROM search_index WHERE search_index MATCH ?", (match,))
-        ]
+async def _index_rows(location: Path | str) -> list[int]:
+    """Ids of the index's rows holding 提取码 (not the answers of a search: the index itself)."""
+    if isinstance(location, Path):
+        sql = """SELECT rowid FROM search_index WHERE search_index MATCH '"提取 取码"'"""
+    else:
+        sql = "SELECT id FROM search_index WHERE doc @@ CAST('提取 <-> 取码' AS tsquery)"
+    return [r[0] for r in await raw(location, sql)]
 
 
 async def test_cleared_context_is_never_found_again(store: Store) -> None:
@@ -243,7 +247,7 @@ async def test_cleared_context_is_never_found_again(store: Store) -> None:
         assert await find(store, GROUP, word) == []
     assert await find(store, GROUP, "", speaker="20001") == []
     # The rows left the index itself, not only the answers; the other group keeps its own.
-    assert len(_index_rows(store.path, '"提取 取码"')) == 1
+    assert len(await _index_rows(store.location)) == 1
     assert len(await find(store, OTHER, "提取码")) == 1
 
     later = await store.append(GROUP, said("阿强", 20002, "新的提取码是 q1w2"))
@@ -257,7 +261,7 @@ async def test_a_deleted_session_is_never_found_again(store: Store) -> None:
     await seed(store, OTHER)
     await find(store, GROUP, "提取码")  # indexed now
     await store.delete_session(GROUP)
-    assert len(_index_rows(store.path, '"提取 取码"')) == 1  # only the other group's row is left
+    assert len(await _index_rows(store.location)) == 1  # only the other group's row is left
     assert await find(store, GROUP, "提取码") == []
     again = await store.append(GROUP, said("阿强", 20002, "重新开始：提取码 n3w1"))
     assert await find(store, GROUP, "提取码") == [again.content]
@@ -406,7 +410,9 @@ async def test_migration_indexes_an_old_database_in_the_background(tmp_path: Pat
     with sqlite3.connect(path) as conn:
         assert conn.execute("PRAGMA user_version").fetchone() == (len(MIGRATIONS),)
         conn.execute("INSERT INTO search_index (search_index) VALUES ('integrity-check')")
-    assert len(_index_rows(path, "周末")) == 24  # the old tool result was not indexed
+    with sqlite3.connect(path) as conn:
+        weekend = conn.execute("SELECT rowid FROM search_index WHERE search_index MATCH '周末'").fetchall()
+    assert len(weekend) == 24  # the old tool result was not indexed
 
 
 async def until(read: Callable[[], Awaitable[T]], ok: Callable[[T], bool]) -> None:

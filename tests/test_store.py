@@ -1,4 +1,6 @@
-"""The store on real SQLite files in tmp_path.
+"""The store on both engines: real SQLite files in tmp_path and fresh PostgreSQL databases
+(the `location` fixture); the migration tests of SQLite files are SQLite's own
+(PostgreSQL's: tests/test_store_postgres.py).
 
 Plugin modules are imported inside the tests: importing the package needs NoneBot
 initialised, which nonebug does only once the session starts.
@@ -16,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import aiosqlite
 import pytest
+
+from tests.fakes.pgdb import raw
 
 if TYPE_CHECKING:
     from nonebot_plugin_memsum.store import Store
@@ -52,10 +56,10 @@ def _tool_call_msg(call_id: str, ts: float) -> Message:
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
+async def store(location: Path | str) -> AsyncIterator[Store]:
     from nonebot_plugin_memsum.store import Store
 
-    s = Store(tmp_path / "data" / "memsum.db")
+    s = Store(location)
     await s.open()
     yield s
     await s.close()
@@ -64,9 +68,13 @@ async def store(tmp_path: Path) -> AsyncIterator[Store]:
 # --- migrations ---------------------------------------------------------------
 
 
-async def test_migrations_blank_to_latest(store: Store) -> None:
+async def test_migrations_blank_to_latest(tmp_path: Path) -> None:
+    from nonebot_plugin_memsum.store import Store
     from nonebot_plugin_memsum.store.migrations import MIGRATIONS
 
+    store = Store(tmp_path / "data" / "memsum.db")
+    await store.open()
+    await store.close()
     assert store.path.exists()
     assert _raw(store.path, "PRAGMA user_version") == [(len(MIGRATIONS),)]
     assert _raw(store.path, "PRAGMA journal_mode") == [("wal",)]
@@ -399,12 +407,14 @@ async def test_task_spawned_inside_transaction_writes_after_commit(store: Store)
     assert [m.content for m in await store.get_history(SID)] == ["first", "second"]
 
 
-async def test_sqlite_errors_become_store_errors_with_cause(store: Store) -> None:
+async def test_driver_errors_become_store_errors_with_cause(store: Store) -> None:
+    import asyncpg
+
     from nonebot_plugin_memsum.store import StoreError
 
     with pytest.raises(StoreError) as caught:
         await store.append(SID, _msg("x", role="robot", ts=1.0))
-    assert isinstance(caught.value.__cause__, sqlite3.IntegrityError)
+    assert isinstance(caught.value.__cause__, sqlite3.IntegrityError | asyncpg.CheckViolationError)
     with pytest.raises(StoreError, match="JSON"):
         await store.put_meta("ns", "k", object())
     assert await store.get_history(SID) == []
@@ -424,8 +434,8 @@ async def test_r_mem_1_summary_in_metadata_namespace(store: Store) -> None:
     assert SUMMARY_NAMESPACE == "summary"
     assert await store.get_meta("summary", SID) == summary
     # Same file as the history.
-    assert _raw(store.path, "SELECT namespace, key FROM metadata") == [("summary", SID)]
-    assert _raw(store.path, "SELECT COUNT(*) FROM messages") == [(1,)]
+    assert await raw(store.location, "SELECT namespace, key FROM metadata") == [("summary", SID)]
+    assert await raw(store.location, "SELECT COUNT(*) FROM messages") == [(1,)]
     await store.put_meta(SUMMARY_NAMESPACE, SID, "replaced")
     assert await store.get_meta(SUMMARY_NAMESPACE, SID) == "replaced"
     await store.delete_meta(SUMMARY_NAMESPACE, SID)
@@ -497,8 +507,8 @@ async def test_ledger_totals_per_purpose(store: Store, monkeypatch: pytest.Monke
 
     assert await store.usage_totals(SID) == {"chat": (150, 25), "摘要": (1000, 300)}
     assert await store.usage_totals("nobody") == {}
-    assert _raw(store.path, "SELECT DISTINCT ts FROM ledger") == [(42.5,)]
-    assert _raw(store.path, "SELECT COUNT(*) FROM ledger WHERE session_id IS NULL") == [(1,)]
+    assert await raw(store.location, "SELECT DISTINCT ts FROM ledger") == [(42.5,)]
+    assert await raw(store.location, "SELECT COUNT(*) FROM ledger WHERE session_id IS NULL") == [(1,)]
 
 
 async def test_ledger_keeps_cached_prompt_tokens(store: Store) -> None:
@@ -506,7 +516,8 @@ async def test_ledger_keeps_cached_prompt_tokens(store: Store) -> None:
     await store.record_usage(SID, "chat", "ds/chat", 1200, 30, 1024)
     await store.record_usage(SID, "chat", "ds/chat", 100, 5)
     await store.flush_ledger()  # rows are written in batches (issue 9)
-    assert _raw(store.path, "SELECT tokens_in, tokens_out, tokens_cached FROM ledger ORDER BY id") == [
+    rows = await raw(store.location, "SELECT tokens_in, tokens_out, tokens_cached FROM ledger ORDER BY id")
+    assert rows == [
         (1200, 30, 1024),
         (100, 5, 0),
     ]
@@ -532,10 +543,10 @@ async def test_save_session_first_write_wins(store: Store, monkeypatch: pytest.M
 # --- lifecycle ----------------------------------------------------------------
 
 
-async def test_data_survives_close_and_reopen(tmp_path: Path) -> None:
+async def test_data_survives_close_and_reopen(location: Path | str) -> None:
     from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE, Store, StoreError
 
-    path = tmp_path / "deep" / "er" / "memsum.db"
+    path = location / "deep" / "er.db" if isinstance(location, Path) else location
     store = Store(path)
     await store.open()
     await store.open()  # idempotent

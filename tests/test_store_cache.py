@@ -1,15 +1,17 @@
 """The store's history cache (issue 9): a turn decodes no stored row twice, and the
 cache never shows a history the file does not hold: write, archive (compression),
-clear, rollback and restart, on a real SQLite file.
+clear, rollback and restart, on both engines (a SQLite file, a PostgreSQL database).
 
 To tell a cached read from a read of the file, a row is slipped in through a second,
-plain sqlite3 connection: a cached history does not show it, a reloaded one does.
+plain sqlite3 connection: a cached history does not show it, a reloaded one does. On
+PostgreSQL such a row is another process's write, which the cache must show at once
+(the session's write counter changed); there a cached read is told by the identity of
+the decoded messages.
 """
 
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,22 +20,19 @@ import pytest
 from nonebot_plugin_memsum.store import Store
 from nonebot_plugin_memsum.store.cache import HistoryCache, message_bytes
 from nonebot_plugin_memsum.types import Message, ToolCall
+from tests.fakes.pgdb import raw
 
 SID = "onebot:group:9"
 OTHER = "onebot:group:10"
 
 
-def _slip_in(path: Path, session_id: str, content: str) -> None:
+async def _slip_in(location: Path | str, session_id: str, content: str) -> None:
     """A row written behind the store's back (another process, a hand edit)."""
-    conn = sqlite3.connect(path)
-    try:
-        conn.execute(
-            "INSERT INTO messages (session_id, role, content, ts) VALUES (?, 'user', ?, 1.0)",
-            (session_id, content),
-        )
-        conn.commit()
-    finally:
-        conn.close()
+    await raw(
+        location,
+        "INSERT INTO messages (session_id, role, content, ts) VALUES (?, 'user', ?, 1.0)",
+        (session_id, content),
+    )
 
 
 def _texts(history: list[Message]) -> list[str]:
@@ -41,8 +40,8 @@ def _texts(history: list[Message]) -> list[str]:
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    s = Store(tmp_path / "memsum.db")
+async def store(location: Path | str) -> AsyncIterator[Store]:
+    s = Store(location)
     await s.open()
     yield s
     await s.close()
@@ -56,20 +55,25 @@ async def _filled(store: Store, n: int = 3) -> list[Message]:
 
 async def test_a_whole_read_is_served_from_memory_and_store_writes_extend_it(store: Store) -> None:
     first = await _filled(store)
-    _slip_in(store.path, SID, "behind")
-    assert _texts(await store.get_history(SID)) == ["m0", "m1", "m2"]  # no second decode
+    assert (await store.get_history(SID))[0] is first[0]  # no second decode
     call = ToolCall("c1", "todo", '{"t": 1}')
     appended = await store.append(SID, Message(role="assistant", content="", tool_calls=(call,), ts=9.0))
     history = await store.get_history(SID)
     assert _texts(history) == ["m0", "m1", "m2", ""]
-    assert history[-1] == appended
+    assert history[-1] is appended  # extended by the store's own write, not reloaded
     assert history[-1].id is not None
     assert history[:3] == first
+    assert history[0] is first[0]
     assert _texts(await store.get_history(SID, 2)) == ["m2", ""]
     assert await store.get_history(SID, 0) == []
     # A caller's list is its own: changing it leaves the cache alone.
     history.clear()
     assert len(await store.get_history(SID)) == 4
+    await _slip_in(store.location, SID, "behind")
+    if store.shared:  # another process wrote the session: shown at once
+        assert _texts(await store.get_history(SID)) == ["m0", "m1", "m2", "", "behind"]
+    else:  # one process alone writes a SQLite file: what it cached is what is stored
+        assert _texts(await store.get_history(SID)) == ["m0", "m1", "m2", ""]
 
 
 async def test_archiving_a_span_drops_the_cached_history(store: Store) -> None:
@@ -114,18 +118,18 @@ async def test_a_rolled_back_transaction_leaves_no_phantom(store: Store) -> None
     assert _texts(await store.get_history(SID)) == ["m0", "m1", "m2"]
 
 
-async def test_a_restart_reads_the_file(tmp_path: Path) -> None:
-    store = Store(tmp_path / "memsum.db")
+async def test_a_restart_reads_the_file(location: Path | str) -> None:
+    store = Store(location)
     await store.open()
     await _filled(store)
-    _slip_in(store.path, SID, "behind")
+    await _slip_in(store.location, SID, "behind")
     await store.close()
     await store.open()  # the same object, reopened: nothing survives in memory
     try:
         assert _texts(await store.get_history(SID)) == ["m0", "m1", "m2", "behind"]
     finally:
         await store.close()
-    again = Store(tmp_path / "memsum.db")
+    again = Store(location)
     await again.open()
     try:
         assert _texts(await again.get_history(SID)) == ["m0", "m1", "m2", "behind"]
@@ -165,38 +169,34 @@ def test_the_cache_is_bounded_by_sessions_and_bytes_least_recently_used_first() 
 
 
 # ---- the usage ledger: written in batches, never lost at close (issue 9) ------------------------
-def _ledger_rows(path: Path) -> int:
-    conn = sqlite3.connect(path)
-    try:
-        return int(conn.execute("SELECT COUNT(*) FROM ledger").fetchone()[0])
-    finally:
-        conn.close()
+async def _ledger_rows(location: Path | str) -> int:
+    return int((await raw(location, "SELECT COUNT(*) FROM ledger"))[0][0])
 
 
 async def test_usage_rows_wait_in_memory_and_any_ledger_query_sees_them(store: Store) -> None:
     await store.record_usage(SID, "对话", "m", 100, 5, 20)
     await store.record_usage(SID, "摘要", "m", 900, 50)
-    assert _ledger_rows(store.path) == 0  # no trip to the database per call
+    assert await _ledger_rows(store.location) == 0  # no trip to the database per call
     assert await store.usage_totals(SID) == {"对话": (100, 5), "摘要": (900, 50)}
-    assert _ledger_rows(store.path) == 2
+    assert await _ledger_rows(store.location) == 2
     await store.record_usage(SID, "对话", "m", 10, 1)
     await store.flush_ledger()
-    assert _ledger_rows(store.path) == 3
+    assert await _ledger_rows(store.location) == 3
 
 
-async def test_usage_rows_are_written_at_close_and_by_the_timer(tmp_path: Path) -> None:
-    store = Store(tmp_path / "memsum.db")
+async def test_usage_rows_are_written_at_close_and_by_the_timer(location: Path | str) -> None:
+    store = Store(location)
     await store.open()
     await store.record_usage(SID, "对话", "m", 100, 5)
     await store.close()  # a shutdown loses nothing
-    assert _ledger_rows(tmp_path / "memsum.db") == 1
+    assert await _ledger_rows(location) == 1
     await store.open()
     try:
         await store.record_usage(SID, "对话", "m", 100, 5)
         for _ in range(500):  # LEDGER_DELAY later, with nobody asking
-            if _ledger_rows(tmp_path / "memsum.db") == 2:
+            if await _ledger_rows(location) == 2:
                 break
             await asyncio.sleep(0.02)
-        assert _ledger_rows(tmp_path / "memsum.db") == 2
+        assert await _ledger_rows(location) == 2
     finally:
         await store.close()

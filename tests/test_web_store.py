@@ -1,10 +1,9 @@
-"""The store queries behind the web page, on a real SQLite file: the compression history,
-the message counts the triggers keep (also after migrating an older file), the ledger by
-day, and each session's last chat call."""
+"""The store queries behind the web page, on both engines: the compression history,
+the message counts the triggers keep (also after migrating an older SQLite file), the
+ledger by day, and each session's last chat call."""
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import aiosqlite
@@ -12,30 +11,28 @@ import aiosqlite
 from nonebot_plugin_memsum.store import Store
 from nonebot_plugin_memsum.store.migrations import MIGRATIONS, _m005_compressions, migrate
 from nonebot_plugin_memsum.types import CompressionRecord, Message, SessionRecord
+from tests.fakes.pgdb import raw
 
 MIDNIGHT = 1796227200.0
 """2026-12-03 00:00 in UTC+8."""
 
 
-def _counts(path: Path) -> dict[str, tuple[int, int]]:
-    with sqlite3.connect(path) as conn:
-        return {
-            sid: (a, b)
-            for sid, a, b in conn.execute("SELECT session_id, active, archived FROM message_counts")
-        }
+async def _counts(location: Path | str) -> dict[str, tuple[int, int]]:
+    rows = await raw(location, "SELECT session_id, active, archived FROM message_counts")
+    return {sid: (int(a), int(b)) for sid, a, b in rows}
 
 
-def _counted_by_hand(path: Path) -> dict[str, tuple[int, int]]:
-    with sqlite3.connect(path) as conn:
-        rows = conn.execute(
-            "SELECT session_id, SUM(archived = 0 AND event_marker = 0 AND role != 'system'), SUM(archived)"
-            " FROM messages GROUP BY session_id"
-        )
-        return {sid: (a, b) for sid, a, b in rows}
+async def _counted_by_hand(location: Path | str) -> dict[str, tuple[int, int]]:
+    rows = await raw(
+        location,
+        "SELECT session_id, SUM(CASE WHEN archived = 0 AND event_marker = 0 AND role != 'system'"
+        " THEN 1 ELSE 0 END), SUM(archived) FROM messages GROUP BY session_id",
+    )
+    return {sid: (int(a), int(b)) for sid, a, b in rows}
 
 
-async def test_message_counts_follow_append_archive_clear_and_delete(tmp_path: Path) -> None:
-    store = Store(tmp_path / "counts.db")
+async def test_message_counts_follow_append_archive_clear_and_delete(location: Path | str) -> None:
+    store = Store(location)
     await store.open()
     try:
         for i in range(6):
@@ -43,16 +40,16 @@ async def test_message_counts_follow_append_archive_clear_and_delete(tmp_path: P
         await store.append("a", Message(role="system", content="对话已压缩", event_marker=True, ts=200.0))
         await store.append("a", Message(role="notice", content="[乙(2)] 加入了群", ts=201.0))
         await store.append("b", Message(role="assistant", content="好的", ts=300.0))
-        assert _counts(store.path) == {"a": (7, 0), "b": (1, 0)} == _counted_by_hand(store.path)
+        assert await _counts(location) == {"a": (7, 0), "b": (1, 0)} == await _counted_by_hand(location)
         assert await store.count_active("a") == 7  # the same rule as R-TRIG-4's count
         # A compression's archive span keeps the kept originals active (R-RUN-12).
         assert await store.archive_span("a", 7, keep=[1]) == 6
-        assert _counts(store.path)["a"] == (2, 6) == _counted_by_hand(store.path)["a"]
+        assert (await _counts(location))["a"] == (2, 6) == (await _counted_by_hand(location))["a"]
         await store.clear("a", "context")
-        assert _counts(store.path) == {"a": (0, 8), "b": (1, 0)} == _counted_by_hand(store.path)
-        with sqlite3.connect(store.path) as conn:  # a delete (another helper's delete_session)
-            conn.execute("DELETE FROM messages WHERE session_id = 'b'")
-        assert _counts(store.path)["b"] == (0, 0)
+        assert await _counts(location) == {"a": (0, 8), "b": (1, 0)} == await _counted_by_hand(location)
+        # A delete behind the store's back (another process's delete_session).
+        await raw(location, "DELETE FROM messages WHERE session_id = 'b'")
+        assert (await _counts(location))["b"] == (0, 0)
         (activity,) = await store.session_overview("对话")
         assert (activity.session_id, activity.active, activity.archived, activity.last_ts) == (
             "a",
@@ -82,15 +79,15 @@ async def test_migration_counts_the_messages_of_an_older_file(tmp_path: Path) ->
     store = Store(path)
     await store.open()
     try:
-        assert _counts(path) == {"g": (1, 1), "p": (1, 0)}
+        assert await _counts(path) == {"g": (1, 1), "p": (1, 0)}
         await store.append("g", Message(role="user", content="新的一句", ts=5.0))
-        assert _counts(path)["g"] == (2, 1)
+        assert (await _counts(path))["g"] == (2, 1)
     finally:
         await store.close()
 
 
-async def test_compression_history_newest_first_and_last_per_session(tmp_path: Path) -> None:
-    store = Store(tmp_path / "runs.db")
+async def test_compression_history_newest_first_and_last_per_session(location: Path | str) -> None:
+    store = Store(location)
     await store.open()
     try:
         runs = [
@@ -107,23 +104,24 @@ async def test_compression_history_newest_first_and_last_per_session(tmp_path: P
         await store.close()
 
 
-async def test_usage_rows_by_local_day_and_the_last_chat_call(tmp_path: Path) -> None:
-    store = Store(tmp_path / "ledger.db")
+async def test_usage_rows_by_local_day_and_the_last_chat_call(location: Path | str) -> None:
+    store = Store(location)
     await store.open()
     try:
         await store.save_session(SessionRecord(id="g", platform="onebot", kind="group", place="group:1"))
         await store.append("g", Message(role="user", content="[甲(1)] 你好", ts=1.0))
-        with sqlite3.connect(store.path) as conn:
-            # 2026-12-02 23:00 and 2026-12-03 01:00 in UTC+8, a summary call, a call of no session.
-            conn.executemany(
+        # 2026-12-02 23:00 and 2026-12-03 01:00 in UTC+8, a summary call, a call of no session.
+        for row in [
+            ("g", "对话", "m/chat", 100, 10, 0, MIDNIGHT - 3600),
+            ("g", "对话", "m/chat", 200, 20, 150, MIDNIGHT + 3600),
+            ("g", "摘要", "m/sum", 900, 90, 0, MIDNIGHT + 7200),
+            (None, "对话", "m/chat", 5, 1, 0, MIDNIGHT + 7200),
+        ]:
+            await raw(
+                location,
                 "INSERT INTO ledger (session_id, purpose, model, tokens_in, tokens_out, tokens_cached, ts)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [
-                    ("g", "对话", "m/chat", 100, 10, 0, MIDNIGHT - 3600),
-                    ("g", "对话", "m/chat", 200, 20, 150, MIDNIGHT + 3600),
-                    ("g", "摘要", "m/sum", 900, 90, 0, MIDNIGHT + 7200),
-                    (None, "对话", "m/chat", 5, 1, 0, MIDNIGHT + 7200),
-                ],
+                row,
             )
         rows = await store.usage_by_day(utc_offset=8 * 3600)
         assert [

@@ -1,12 +1,24 @@
-"""The store: one SQLite file holding sessions, history, metadata, settings and the usage ledger."""
+"""The store: one SQLite file or one PostgreSQL database holding sessions, history, metadata,
+settings and the usage ledger. `open_store(location)` is how every caller gets one."""
 
+from .engine import Location, describe
 from .search import SearchHit, SearchQuery
 from .store import SUMMARY_NAMESPACE, Activity, ClearKind, ReplyState, Store, StoreError, Tx, UsageRow
+
+
+async def open_store(location: Location) -> Store:
+    """The store at `location` (a SQLite file's path, or a `postgresql://` URL), opened and
+    migrated; StoreError (naming the place, never a password) when it cannot be."""
+    store = Store(location)
+    await store.open()
+    return store
+
 
 __all__ = [
     "SUMMARY_NAMESPACE",
     "Activity",
     "ClearKind",
+    "Location",
     "ReplyState",
     "SearchHit",
     "SearchQuery",
@@ -14,4 +26,6 @@ __all__ = [
     "StoreError",
     "Tx",
     "UsageRow",
+    "describe",
+    "open_store",
 ]

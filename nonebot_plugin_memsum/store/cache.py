@@ -6,6 +6,10 @@ included) was most of a turn's bookkeeping. The store keeps each session's tail 
 a write through the store appends to it, anything else that changes a session's rows
 (archiving, clearing, a rolled-back transaction) drops it, and the next read reloads
 it once. Bounded by sessions and by approximate bytes, least recently used first out.
+
+With several processes on one PostgreSQL database each entry keeps the session's write
+counter as of its load (one more per message this process appended since); the store
+compares it with the database's before serving the entry.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ def message_bytes(m: Message) -> int:
 class _Entry:
     messages: list[Message]
     size: int
+    version: int = 0
 
 
 @dataclass
@@ -60,9 +65,14 @@ class HistoryCache:
         self._entries.move_to_end(session_id)
         return entry.messages
 
-    def put(self, session_id: str, messages: list[Message]) -> None:
+    def version(self, session_id: str) -> int | None:
+        """The write counter the cached history is as of (None: not cached)."""
+        entry = self._entries.get(session_id)
+        return None if entry is None else entry.version
+
+    def put(self, session_id: str, messages: list[Message], version: int = 0) -> None:
         self.drop(session_id)
-        entry = _Entry(messages, sum(map(message_bytes, messages)))
+        entry = _Entry(messages, sum(map(message_bytes, messages)), version)
         if entry.size > self.max_bytes:
             return  # one session alone over the bound: read it from the store each time
         self._entries[session_id] = entry
@@ -77,6 +87,7 @@ class HistoryCache:
         size = message_bytes(msg)
         entry.messages.append(msg)
         entry.size += size
+        entry.version += 1
         self._bytes += size
         self._entries.move_to_end(session_id)
         self._evict()

@@ -94,9 +94,10 @@ def terms(text: str) -> list[str]:
     return out
 
 
-def _phrase(word: str) -> str | None:
-    """One query word as an FTS5 phrase: its terms in a row, the last one open-ended where the
-    text may go on after it (a lone CJK character, a run of letters: `x7k` finds `x7k9`)."""
+def phrase_terms(word: str) -> tuple[list[str], bool] | None:
+    """One query word as the terms that must stand in a row, and whether the last one is
+    open-ended where the text may go on after it (a lone CJK character, a run of letters:
+    `x7k` finds `x7k9`); None when the word holds no term."""
     runs = _runs(word)
     if not runs:
         return None
@@ -114,6 +115,15 @@ def _phrase(word: str) -> str | None:
     else:
         out.append(run)
         prefix = not run.isdigit()  # a QQ number must not find a longer one
+    return out, prefix
+
+
+def _phrase(word: str) -> str | None:
+    """One query word as an FTS5 phrase (`phrase_terms`)."""
+    found = phrase_terms(word)
+    if found is None:
+        return None
+    out, prefix = found
     return '"' + " ".join(out) + '"' + ("*" if prefix else "")
 
 
@@ -272,6 +282,7 @@ def neighbours(columns: str, hits: int) -> str:
                 f"SELECT * FROM (SELECT {k} AS k, {columns} FROM messages WHERE session_id = ?"
                 f" AND archived = {archived} AND id {op} ? AND id > ? AND event_marker = 0"
                 f" AND role IN {SEARCH_ROLES!r} AND trim(content) != '' ORDER BY id {order} LIMIT ?)"
+                f" AS n{k}_{archived}"
             )
     return " UNION ALL ".join(parts)
 

@@ -1,11 +1,17 @@
-"""The plugin's memory: sessions, history, metadata, settings and the usage ledger in one SQLite file.
+"""The plugin's memory: sessions, history, metadata, settings and the usage ledger, in
+one SQLite file or one PostgreSQL database (store/engine.py runs the SQL on either).
 
-One long-lived aiosqlite connection in autocommit mode (`isolation_level=None`);
-every transaction is an explicit `BEGIN IMMEDIATE` taken behind one asyncio lock,
-because all coroutines share that connection and so share its transaction state.
+One long-lived connection in autocommit mode; every transaction is an explicit
+`BEGIN` (SQLite: `BEGIN IMMEDIATE`) taken behind one asyncio lock, because all
+coroutines share that connection and so share its transaction state.
 `Store.transaction()` hands out a `Tx` for several steps that must commit together
 (the compression commit, R-RUN-11); every other `Store` method is one transaction
-of its own. sqlite errors leave this module as `StoreError`, cause chained.
+of its own. Driver errors leave this module as `StoreError`, cause chained.
+
+The SQL here is written once, in what both engines understand. On PostgreSQL other
+processes write the same sessions: a cached history is checked against its session's
+write counter before it is served, and `exclusive` keeps one compression per session
+across processes.
 """
 
 from __future__ import annotations
@@ -15,17 +21,15 @@ import contextlib
 import datetime
 import json
 import math
-import sqlite3
 from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
-import aiosqlite
 from nonebot.log import logger
 
 from nonebot_plugin_memsum import clock
-from nonebot_plugin_memsum.errors import SchemaTooNewError, StoreError
+from nonebot_plugin_memsum.errors import StoreError
 from nonebot_plugin_memsum.lru import LRU
 from nonebot_plugin_memsum.types import (
     CompressionRecord,
@@ -38,7 +42,7 @@ from nonebot_plugin_memsum.types import (
 
 from . import search
 from .cache import HistoryCache
-from .migrations import migrate
+from .engine import Db, Location, SqliteDb, connect, describe, is_url
 from .search import SearchHit, SearchQuery
 
 SUMMARY_NAMESPACE = "summary"
@@ -46,15 +50,6 @@ SUMMARY_NAMESPACE = "summary"
 
 ClearKind = Literal["context", "summary"]
 ReplyState = Literal["sending", "sent"]
-
-# NORMAL is durable across application crashes in WAL mode and only risks the last
-# commits on power loss; busy_timeout waits out another process's write lock instead
-# of failing at once.
-_CONNECTION_PRAGMAS = (
-    "PRAGMA synchronous = NORMAL",
-    "PRAGMA foreign_keys = ON",
-    "PRAGMA busy_timeout = 5000",
-)
 
 _MESSAGE_COLUMNS = (
     "id, role, content, name, tool_calls, tool_call_id, ts, metadata, event_marker, tokens,"
@@ -152,23 +147,20 @@ def _session_from_row(row: tuple[Any, ...]) -> SessionRecord:
     )
 
 
+_NO_LIMIT = 2**62
+"""A LIMIT both engines read as none (PostgreSQL refuses SQLite's -1)."""
+
+
 def _sql_limit(limit: float) -> int:
-    """`limit` as SQLite's LIMIT: -1 is no limit; NaN and non-positive take nothing."""
-    if limit >= 2**62:  # math.inf, or too big for an SQLite integer anyway
-        return -1
+    """`limit` as a LIMIT: math.inf takes all; NaN and non-positive take nothing."""
+    if limit >= _NO_LIMIT:  # math.inf, or too big for an SQL integer anyway
+        return _NO_LIMIT
     return int(limit) if limit > 0 else 0
 
 
 def _check_scope(scope: str) -> None:
     if scope not in ("place", "session"):
         raise StoreError(f"unknown setting scope {scope!r}; allowed: place, session")
-
-
-async def _rollback(db: aiosqlite.Connection) -> None:
-    # A failed statement may already have ended the transaction (SQLITE_FULL,
-    # SQLITE_IOERR), and a BEGIN that failed never started one.
-    with contextlib.suppress(sqlite3.OperationalError):
-        await db.execute_fetchall("ROLLBACK")
 
 
 class Tx:
@@ -181,7 +173,7 @@ class Tx:
 
     __slots__ = ("_appended", "_db", "_ledger", "_open", "_touched")
 
-    def __init__(self, db: aiosqlite.Connection, ledger: list[tuple[Any, ...]] | None = None) -> None:
+    def __init__(self, db: Db, ledger: list[tuple[Any, ...]] | None = None) -> None:
         self._db = db
         self._open = True
         self._ledger = [] if ledger is None else ledger
@@ -194,7 +186,7 @@ class Tx:
     def _end(self) -> None:
         self._open = False
 
-    def _live(self) -> aiosqlite.Connection:
+    def _live(self) -> Db:
         if not self._open:
             raise StoreError("transaction already ended: use the Tx only inside its `async with`")
         return self._db
@@ -203,25 +195,18 @@ class Tx:
         db = self._live()
         if self._ledger and "ledger" in sql:
             await self.write_ledger()
-        try:
-            # No row_factory: plain tuples, though aiosqlite annotates them as Row.
-            return cast(list[tuple[Any, ...]], list(await db.execute_fetchall(sql, params)))
-        except sqlite3.Error as err:
-            raise StoreError(f"store query failed: {err}") from err
+        return await db.fetch(sql, params)
 
-    async def _insert(self, sql: str, params: tuple[Any, ...]) -> int:
-        db = self._live()
-        try:
-            row = await db.execute_insert(sql, params)
-        except sqlite3.Error as err:
-            raise StoreError(f"store write failed: {err}") from err
-        assert row is not None  # last_insert_rowid() always answers
-        return int(row[0])
+    async def version(self, session_id: str) -> int:
+        """The session's write counter (PostgreSQL: bumped by every write of its messages)."""
+        rows = await self._fetch("SELECT version FROM message_counts WHERE session_id = ?", (session_id,))
+        return int(rows[0][0]) if rows else 0
 
     async def save_session(self, rec: SessionRecord) -> SessionRecord:
         """Insert the record if its id is new; return the stored one (the first write wins)."""
         await self._fetch(
-            f"INSERT OR IGNORE INTO sessions ({_SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (id) DO NOTHING",
             (
                 rec.id,
                 rec.platform,
@@ -244,13 +229,9 @@ class Tx:
     async def append(self, session_id: str, msg: Message) -> Message:
         """Store `msg` at the end of the session's history; return it with its id (and ts if it had none)."""
         ts = msg.ts or clock.now()
-        new_id = await self._insert(_INSERT_MESSAGE, _message_params(session_id, msg, ts))
-        if search.indexable(
-            msg.role, msg.event_marker, msg.content
-        ):  # recall (issue 11): indexed as it is stored
-            await self._fetch(
-                search.INSERT, (new_id, *search.document(session_id, msg.role, msg.name, msg.content, ts))
-            )
+        db = self._live()
+        new_id = await db.insert(_INSERT_MESSAGE, _message_params(session_id, msg, ts))
+        await db.index(new_id, session_id, msg, ts)  # recall (issue 11): indexed as it is stored
         stored = replace(msg, id=new_id, ts=ts)
         self._appended.append((session_id, stored))
         return stored
@@ -272,14 +253,11 @@ class Tx:
     async def recent_sessions(self, prefix: str, since: float) -> list[tuple[str, float]]:
         """Sessions whose id starts with `prefix` and whose newest stored message (active
         or archived) is from `since` on: (session id, that message's time), oldest first."""
-        # Per session through the (session_id, archived, id) index: no scan of the history.
+        # The newest time is kept per session by the message_counts triggers: no scan.
         rows = await self._fetch(
-            "SELECT id, MAX("
-            " COALESCE((SELECT ts FROM messages WHERE session_id = s.id AND archived = 0"
-            "  ORDER BY id DESC LIMIT 1), 0),"
-            " COALESCE((SELECT ts FROM messages WHERE session_id = s.id AND archived = 1"
-            "  ORDER BY id DESC LIMIT 1), 0)) AS last"
-            " FROM sessions AS s WHERE substr(id, 1, ?) = ? AND last >= ? ORDER BY last",
+            "SELECT s.id, c.newest_ts FROM sessions AS s JOIN message_counts AS c ON c.session_id = s.id"
+            " WHERE substr(s.id, 1, ?) = ? AND c.newest_ts >= ? AND c.active + c.archived > 0"
+            " ORDER BY c.newest_ts",
             (len(prefix), prefix, since),
         )
         return [(r[0], float(r[1])) for r in rows]
@@ -301,7 +279,8 @@ class Tx:
         before the reply goes out (so a crash after it never answers them again), `sent` after."""
         await self._fetch(
             "INSERT INTO replies (session_id, upto, state, ts) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT (session_id) DO UPDATE SET upto = MAX(upto, excluded.upto),"
+            " ON CONFLICT (session_id) DO UPDATE SET upto = CASE WHEN excluded.upto > replies.upto"
+            " THEN excluded.upto ELSE replies.upto END,"
             " state = excluded.state, ts = excluded.ts",
             (session_id, upto, state, clock.now()),
         )
@@ -349,11 +328,7 @@ class Tx:
         self._touched.add(session_id)
         # R-RUN-12: kept originals are not written to at all.
         to_archive = [(r[0],) for i, r in enumerate(rows) if i not in kept]
-        db = self._live()
-        try:
-            await db.executemany("UPDATE messages SET archived = 1 WHERE id = ?", to_archive)
-        except sqlite3.Error as err:
-            raise StoreError(f"store write failed: {err}") from err
+        await self._live().executemany("UPDATE messages SET archived = 1 WHERE id = ?", to_archive)
         return len(to_archive)
 
     async def get_archived(self, session_id: str, limit: float = math.inf) -> list[Message]:
@@ -395,7 +370,7 @@ class Tx:
             await self._fetch(
                 "UPDATE messages SET archived = 1 WHERE session_id = ? AND archived = 0", (session_id,)
             )
-            await search.forget(self._live(), session_id)  # what was cleared is never found again
+            await self._live().forget(session_id)  # what was cleared is never found again
         await self.delete_meta(SUMMARY_NAMESPACE, session_id)
 
     async def delete_session(self, session_id: str) -> None:
@@ -404,7 +379,7 @@ class Tx:
         settings and its record. The usage ledger stays: it is what was paid. Its rows leave
         the search index first (their terms are read from the rows being deleted)."""
         self._touched.add(session_id)
-        await search.forget(self._live(), session_id)
+        await self._live().forget(session_id)
         for sql in (
             "DELETE FROM messages WHERE session_id = ?",
             "DELETE FROM metadata WHERE key = ?",
@@ -417,16 +392,13 @@ class Tx:
         """The session's stored messages (active and archived, never cleared ones) matching
         `query`, best first (`search.relevance`, then the newest), each with up to `context`
         conversation messages either side."""
-        expression = query.expression()
-        if expression is None or query.limit <= 0:
+        if query.limit <= 0:
             return []
-        wm = await search.cleared_upto(self._live(), query.session_id)
-        since = -math.inf if query.since is None else query.since
-        until = math.inf if query.until is None else query.until
-        found = await self._fetch(
-            search.SELECT_CANDIDATES,
-            (expression, query.session_id, wm, since, until, search.CANDIDATES),
-        )
+        db = self._live()
+        wm = await db.cleared_upto(query.session_id)
+        found = await db.candidates(query, wm)
+        if found is None:
+            return []
         words = search.query_words(query.text)
         ranked = sorted(
             ((search.relevance(words, role, content), msg_id) for msg_id, role, content in found),
@@ -483,9 +455,9 @@ class Tx:
         self._ledger.clear()
         try:
             await db.executemany(_LEDGER_INSERT, rows)
-        except sqlite3.Error as err:
+        except StoreError:
             self._ledger[:0] = rows  # kept for the next attempt
-            raise StoreError(f"store write failed: {err}") from err
+            raise
 
     async def usage_totals(self, session_id: str) -> dict[str, tuple[int, int]]:
         """Tokens in and out per purpose for the session."""
@@ -514,8 +486,9 @@ class Tx:
         (their `divider` markers) of a usage place since `since`, archive included."""
         where, params = _usage_filter(place, since, "")
         rows = await self._fetch(
-            "SELECT COALESCE(SUM(role = 'assistant' AND tool_calls IS NULL), 0),"
-            " COALESCE(SUM(role = 'system' AND event_marker = 1 AND content = ?), 0)"
+            "SELECT COALESCE(SUM(CASE WHEN role = 'assistant' AND tool_calls IS NULL THEN 1 ELSE 0 END), 0),"
+            " COALESCE(SUM(CASE WHEN role = 'system' AND event_marker = 1 AND content = ?"
+            " THEN 1 ELSE 0 END), 0)"
             f" FROM messages{where}",
             (divider, *params),
         )
@@ -600,7 +573,7 @@ class Tx:
         where = "ts >= ?" + (" AND session_id = ?" if session_id is not None else "")
         params: tuple[Any, ...] = (utc_offset, since) + ((session_id,) if session_id is not None else ())
         rows = await self._fetch(
-            "SELECT CAST((ts + ?) / 86400 AS INTEGER) AS day, model, purpose, COUNT(*), SUM(tokens_in),"
+            f"SELECT {self._live().day('ts')} AS day, model, purpose, COUNT(*), SUM(tokens_in),"
             f" SUM(tokens_out), SUM(tokens_cached) FROM ledger WHERE {where}"
             " GROUP BY day, model, purpose ORDER BY day, model, purpose",
             params,
@@ -656,11 +629,12 @@ def _usage_filter(place: str | None, since: float | None, alias: str) -> tuple[s
 
 
 class Store:
-    """One SQLite file; `open()` at start-up, `close()` at shutdown (both idempotent)."""
+    """One SQLite file or PostgreSQL database; `open()` at start-up, `close()` at shutdown
+    (both idempotent). `location`: a path, or a `postgresql://` URL (engine.Location)."""
 
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        self._db: aiosqlite.Connection | None = None
+    def __init__(self, location: Location) -> None:
+        self._location: Location = location if is_url(location) else Path(location)
+        self._db: Db | None = None
         self._lock = asyncio.Lock()
         self._owner: asyncio.Task[Any] | None = None
         """The task inside `transaction()`, to refuse a nested call that would wait on itself."""
@@ -674,8 +648,25 @@ class Store:
         self._ledger_task: asyncio.Task[None] | None = None
 
     @property
+    def location(self) -> Location:
+        return self._location
+
+    @property
     def path(self) -> Path:
-        return self._path
+        """The SQLite file (a PostgreSQL store has none)."""
+        if not isinstance(self._location, Path):
+            raise StoreError(f"{describe(self._location)} is not a file")
+        return self._location
+
+    def __str__(self) -> str:
+        """Where the store lives, for logs: a URL without its password."""
+        return describe(self._location)
+
+    @property
+    def shared(self) -> bool:
+        """Other processes write the same memory (PostgreSQL): what this process remembers
+        of a session (back-off, latest usage, settings) must be read again, not reused."""
+        return is_url(self._location)
 
     def _refuse_nested(self) -> None:
         if self._owner is not None and self._owner is asyncio.current_task():
@@ -685,37 +676,17 @@ class Store:
             )
 
     async def open(self) -> None:
-        """Connect, set the pragmas and migrate the schema; a no-op when already open."""
+        """Connect and migrate the schema; a no-op when already open."""
         self._refuse_nested()
         async with self._lock:
             if self._db is not None:
                 return
-            try:
-                await asyncio.to_thread(self._path.parent.mkdir, parents=True, exist_ok=True)
-            except OSError as err:
-                raise StoreError(f"cannot create the folder of {self._path}: {err}") from err
-            try:
-                db = await aiosqlite.connect(self._path, isolation_level=None)
-            except sqlite3.Error as err:
-                raise StoreError(f"cannot open {self._path}: {err}") from err
-            try:
-                for pragma in _CONNECTION_PRAGMAS:
-                    await db.execute_fetchall(pragma)
-                await migrate(db)
-                # After the version check, so a refused file is left as found. WAL lets
-                # readers in other processes (a backup, the sqlite3 shell) run beside us.
-                await db.execute_fetchall("PRAGMA journal_mode = WAL")
-            except BaseException as err:
-                await db.close()
-                if isinstance(err, SchemaTooNewError):
-                    raise StoreError(
-                        f"{self._path} was written by a newer nonebot-plugin-memsum (schema version"
-                        f" {err.found}, this version knows {err.known}); upgrade the plugin"
-                    ) from err
-                if isinstance(err, sqlite3.Error):
-                    raise StoreError(f"cannot open {self._path}: {err}") from err
-                raise
-            self._db = db
+            if isinstance(self._location, Path):
+                try:
+                    await asyncio.to_thread(self._location.parent.mkdir, parents=True, exist_ok=True)
+                except OSError as err:
+                    raise StoreError(f"cannot create the folder of {self._location}: {err}") from err
+            self._db = await connect(self._location)
 
     async def close(self) -> None:
         """Wait for the running transaction, then close; a no-op when not open."""
@@ -730,14 +701,11 @@ class Store:
             if db is None:
                 return
             self._history = HistoryCache()
-            try:
-                await db.close()
-            except sqlite3.Error as err:
-                raise StoreError(f"closing {self._path} failed: {err}") from err
+            await db.close()
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:
-        """One `BEGIN IMMEDIATE` transaction: COMMIT on exit, ROLLBACK on any exception, then re-raise.
+        """One write transaction: COMMIT on exit, ROLLBACK on any exception, then re-raise.
 
         Cancellation rolls back too. A cancellation that arrives while COMMIT is
         already running cannot undo it: the commit completes and CancelledError
@@ -745,21 +713,34 @@ class Store:
         """
         async with self._held() as db:
             tx = Tx(db, self._ledger)
+            committed = False
             try:
-                await db.execute_fetchall("BEGIN IMMEDIATE")
+                await db.begin()
                 yield tx
                 tx._end()
-                await db.execute_fetchall("COMMIT")
+                await db.commit()
+                committed = True
             except BaseException:
                 tx._end()
                 # The single worker thread runs queued statements in order, so this
                 # ROLLBACK lands after whatever a cancelled await had already queued.
-                await _rollback(db)
+                await db.rollback()
                 raise
             finally:
-                # Committed or not (a COMMIT interrupted by cancellation may still land),
-                # the next read of a session this wrote comes from the file.
-                self._forget(tx, applied=False)
+                # Not known to be committed (a COMMIT interrupted by cancellation may still
+                # land): the next read of a session this wrote comes from the database.
+                self._forget(tx, applied=committed)
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self, session_id: str) -> AsyncIterator[bool]:
+        """While inside, no other process holds the session (one compression per session
+        across processes): yields False when another one does. Freed on exit, or when this
+        process dies. Not behind the store's lock: other calls go on meanwhile."""
+        db = self._db
+        if db is None:
+            raise StoreError("store is not open")
+        async with db.exclusive(f"memsum:{session_id}") as got:
+            yield got
 
     @contextlib.asynccontextmanager
     async def _statement(self) -> AsyncIterator[Tx]:
@@ -788,14 +769,14 @@ class Store:
         """
         for session_id, msg in tx._appended:
             if applied:
-                self._history.append(session_id, msg)
+                self._history.append(session_id, msg)  # its write counter: one more
             else:
                 self._history.drop(session_id)
         for session_id in tx._touched:
             self._history.drop(session_id)
 
     @contextlib.asynccontextmanager
-    async def _held(self) -> AsyncIterator[aiosqlite.Connection]:
+    async def _held(self) -> AsyncIterator[Db]:
         """The open connection, behind the one lock, owned by the calling task."""
         self._refuse_nested()
         async with self._lock:
@@ -804,9 +785,8 @@ class Store:
                 raise StoreError("store is not open")
             self._owner = asyncio.current_task()
             try:
+                await db.ready()
                 yield db
-            except sqlite3.Error as err:
-                raise StoreError(f"store call failed: {err}") from err
             finally:
                 self._owner = None
 
@@ -831,19 +811,30 @@ class Store:
             self._sessions[session_id] = stored
         return stored
 
+    def _writes(self) -> contextlib.AbstractAsyncContextManager[Tx]:
+        """A message and its search terms in one go: one transaction on PostgreSQL (two
+        statements), a lone statement on SQLite (it indexes in batches)."""
+        return self.transaction() if self.shared else self._statement()
+
     async def append(self, session_id: str, msg: Message) -> Message:
-        async with self._statement() as tx:
+        async with self._writes() as tx:
             return await tx.append(session_id, msg)
 
     async def get_history(self, session_id: str, limit: float = math.inf) -> list[Message]:
         """From the history cache when the session is in it; a whole read fills it."""
         async with self._statement() as tx:
             cached = self._history.get(session_id)
+            version = 0
+            if self.shared:  # another process may have written it: one read to know
+                version = await tx.version(session_id)
+                if cached is not None and self._history.version(session_id) != version:
+                    cached = None
             if cached is None:
                 if limit != math.inf:
                     return await tx.get_history(session_id, limit)
+                # The counter read first: a write in between makes the next check reload.
                 cached = await tx.get_history(session_id)
-                self._history.put(session_id, cached)
+                self._history.put(session_id, cached, version)
             n = _sql_limit(limit)
             return cached[-n:] if 0 < n < len(cached) else list(cached) if n else []
 
@@ -897,7 +888,9 @@ class Store:
 
     async def search_state(self) -> search.IndexState:
         async with self._statement() as tx:
-            return await search.state(tx._live())
+            db = tx._live()
+            # PostgreSQL indexes each message as it is stored: nothing ever waits.
+            return await search.state(db.raw) if isinstance(db, SqliteDb) else search.IndexState(0, 0, 0)
 
     async def index_search(self, batch: int = 2000, *, new_only: bool = False) -> search.IndexState | None:
         """Index the next batch of messages the search index does not hold yet (new ones
@@ -905,12 +898,17 @@ class Store:
         are cut off the event loop and outside the lock; the write re-checks clears that
         happened meanwhile."""
         async with self._statement() as tx:
-            found = await search.next_batch(tx._live(), batch, new_only=new_only)
+            db = tx._live()
+            if not isinstance(db, SqliteDb):
+                return None
+            found = await search.next_batch(db.raw, batch, new_only=new_only)
         if found is None:
             return None
         docs = await asyncio.to_thread(search.documents, found.rows)
         async with self.transaction() as tx:
-            return await search.commit_batch(tx._live(), found, docs)
+            db = tx._live()
+            assert isinstance(db, SqliteDb)
+            return await search.commit_batch(db.raw, found, docs)
 
     async def get_settings(self, scope: str, scope_key: str) -> dict[str, Any]:
         async with self._statement() as tx:
@@ -925,7 +923,7 @@ class Store:
             await tx.delete_setting(scope, scope_key, name)
 
     async def append_once(self, session_id: str, msg: Message) -> Message | None:
-        async with self._statement() as tx:
+        async with self._writes() as tx:
             return await tx.append_once(session_id, msg)
 
     async def recent_sessions(self, prefix: str, since: float) -> list[tuple[str, float]]:

@@ -1,0 +1,410 @@
+"""The two engines under the store, behind one small connection interface.
+
+`Store` and `Tx` (store.py) write their SQL once, in the subset SQLite and PostgreSQL
+share (`?` placeholders, `INSERT ... ON CONFLICT`, `CASE`, `COALESCE`); a `Db` runs it:
+
+- `SqliteDb`: one aiosqlite connection in autocommit mode, `BEGIN IMMEDIATE`, WAL, one
+  file (store/migrations.py); the only writer is this process.
+- `PostgresDb`: one asyncpg connection (`?` become `$1..$n`), reconnected when the server
+  dropped it; schema in store/postgres.py. Other processes write beside this one
+  (`shared`), so what a process remembers must be checked against the database, and a
+  compression holds a per-session advisory lock on a connection of its own
+  (`exclusive`): it is freed when that process dies.
+
+Only what cannot be written once differs here: DDL and migrations, the search index
+(FTS5 against a tsvector), the day arithmetic of the ledger, and locks. Driver errors
+leave as `StoreError`, cause chained. asyncpg is imported only when a URL asks for it,
+so SQLite users need not install it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import math
+import re
+import sqlite3
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, cast
+from urllib.parse import urlsplit
+
+import aiosqlite
+
+from nonebot_plugin_memsum.errors import SchemaTooNewError, StoreError
+
+from . import pg_search, search
+from .migrations import migrate
+
+if TYPE_CHECKING:
+    import asyncpg
+
+    from nonebot_plugin_memsum.types import Message
+
+Row = tuple[Any, ...]
+Location = Path | str
+"""Where the store lives: a SQLite file, or a `postgresql://user:password@host:port/db` URL."""
+
+URL_SCHEMES = ("postgresql", "postgres")
+
+# NORMAL is durable across application crashes in WAL mode and only risks the last
+# commits on power loss; busy_timeout waits out another process's write lock instead
+# of failing at once.
+_SQLITE_PRAGMAS = (
+    "PRAGMA synchronous = NORMAL",
+    "PRAGMA foreign_keys = ON",
+    "PRAGMA busy_timeout = 5000",
+)
+
+
+def is_url(location: Location) -> bool:
+    return isinstance(location, str) and urlsplit(location).scheme in URL_SCHEMES
+
+
+def describe(location: Location) -> str:
+    """The location for logs and errors: a URL without its password."""
+    if not is_url(location):
+        return str(location)
+    parts = urlsplit(str(location))
+    host = parts.hostname or ""
+    user = f"{parts.username}@" if parts.username else ""
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{user}{host}{port}{parts.path}"
+
+
+class Db(ABC):
+    """One open connection of the store, used behind the store's lock."""
+
+    shared: ClassVar[bool]
+    """Other processes may write the same data: nothing read earlier may be trusted."""
+
+    @abstractmethod
+    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]: ...
+
+    @abstractmethod
+    async def insert(self, sql: str, params: Sequence[Any]) -> int:
+        """Run an INSERT into a table with an `id` key; the new row's id."""
+
+    @abstractmethod
+    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None: ...
+
+    @abstractmethod
+    async def begin(self) -> None:
+        """Start a write transaction."""
+
+    @abstractmethod
+    async def commit(self) -> None: ...
+
+    @abstractmethod
+    async def rollback(self) -> None:
+        """End the transaction without its writes; quiet when none is open."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    async def ready(self) -> None:
+        """Before a call: reconnect if the connection was lost."""
+
+    @abstractmethod
+    def day(self, ts: str) -> str:
+        """SQL of the whole number of days in `ts` (seconds) + a `?` offset."""
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self, key: str) -> AsyncIterator[bool]:
+        """Hold `key` against every other process while inside; yields False when another
+        holds it. One process alone uses a SQLite file: always True."""
+        yield True
+
+    # ---- the search index (store/search.py, store/pg_search.py) ----
+    @abstractmethod
+    async def index(self, msg_id: int, session_id: str, msg: Message, ts: float) -> None:
+        """Index a message as it is stored (in the same transaction)."""
+
+    @abstractmethod
+    async def forget(self, session_id: str) -> None:
+        """Everything the session stored so far leaves the search index for good."""
+
+    @abstractmethod
+    async def cleared_upto(self, session_id: str) -> int: ...
+
+    @abstractmethod
+    async def candidates(self, query: search.SearchQuery, watermark: int) -> list[Row] | None:
+        """(id, role, content) of the newest matches; None when the query holds no term."""
+
+
+class SqliteDb(Db):
+    shared = False
+
+    def __init__(self, db: aiosqlite.Connection) -> None:
+        self.raw = db
+
+    @classmethod
+    async def connect(cls, path: Path) -> SqliteDb:
+        """Open the file, set the pragmas, migrate; StoreError naming the file when it cannot."""
+        try:
+            db = await aiosqlite.connect(path, isolation_level=None)
+        except sqlite3.Error as err:
+            raise StoreError(f"cannot open {path}: {err}") from err
+        try:
+            for pragma in _SQLITE_PRAGMAS:
+                await db.execute_fetchall(pragma)
+            await migrate(db)
+            # After the version check, so a refused file is left as found. WAL lets
+            # readers in other processes (a backup, the sqlite3 shell) run beside us.
+            await db.execute_fetchall("PRAGMA journal_mode = WAL")
+        except BaseException as err:
+            await db.close()
+            if isinstance(err, SchemaTooNewError):
+                raise StoreError(
+                    f"{path} was written by a newer nonebot-plugin-memsum (schema version"
+                    f" {err.found}, this version knows {err.known}); upgrade the plugin"
+                ) from err
+            if isinstance(err, sqlite3.Error):
+                raise StoreError(f"cannot open {path}: {err}") from err
+            raise
+        return cls(db)
+
+    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        try:
+            # No row_factory: plain tuples, though aiosqlite annotates them as Row.
+            return cast(list[Row], list(await self.raw.execute_fetchall(sql, params)))
+        except sqlite3.Error as err:
+            raise StoreError(f"store query failed: {err}") from err
+
+    async def insert(self, sql: str, params: Sequence[Any]) -> int:
+        try:
+            row = await self.raw.execute_insert(sql, params)
+        except sqlite3.Error as err:
+            raise StoreError(f"store write failed: {err}") from err
+        assert row is not None  # last_insert_rowid() always answers
+        return int(row[0])
+
+    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        try:
+            await self.raw.executemany(sql, rows)
+        except sqlite3.Error as err:
+            raise StoreError(f"store write failed: {err}") from err
+
+    async def begin(self) -> None:
+        await self.fetch("BEGIN IMMEDIATE")
+
+    async def commit(self) -> None:
+        await self.fetch("COMMIT")
+
+    async def rollback(self) -> None:
+        # A failed statement may already have ended the transaction (SQLITE_FULL,
+        # SQLITE_IOERR), and a BEGIN that failed never started one.
+        with contextlib.suppress(sqlite3.OperationalError):
+            await self.raw.execute_fetchall("ROLLBACK")
+
+    async def close(self) -> None:
+        try:
+            await self.raw.close()
+        except sqlite3.Error as err:
+            raise StoreError(f"closing the database failed: {err}") from err
+
+    def day(self, ts: str) -> str:
+        return f"CAST(({ts} + ?) / 86400 AS INTEGER)"  # truncation: times are positive
+
+    async def index(self, msg_id: int, session_id: str, msg: Message, ts: float) -> None:
+        if search.indexable(msg.role, msg.event_marker, msg.content):
+            await self.fetch(
+                search.INSERT, (msg_id, *search.document(session_id, msg.role, msg.name, msg.content, ts))
+            )
+
+    async def forget(self, session_id: str) -> None:
+        try:
+            await search.forget(self.raw, session_id)
+        except sqlite3.Error as err:
+            raise StoreError(f"store write failed: {err}") from err
+
+    async def cleared_upto(self, session_id: str) -> int:
+        return await search.cleared_upto(self.raw, session_id)
+
+    async def candidates(self, query: search.SearchQuery, watermark: int) -> list[Row] | None:
+        expression = query.expression()
+        if expression is None:
+            return None
+        since, until = _bounds(query)
+        return await self.fetch(
+            search.SELECT_CANDIDATES,
+            (expression, query.session_id, watermark, since, until, search.CANDIDATES),
+        )
+
+
+def _bounds(query: search.SearchQuery) -> tuple[float, float]:
+    return (
+        -math.inf if query.since is None else query.since,
+        math.inf if query.until is None else query.until,
+    )
+
+
+_PLACEHOLDER = re.compile(r"\?")
+
+
+@functools.lru_cache(maxsize=1024)
+def _numbered(sql: str) -> str:
+    """`?` placeholders as PostgreSQL's `$1..$n` (our SQL has no `?` inside a literal)."""
+    count = iter(range(1, sql.count("?") + 1))
+    return _PLACEHOLDER.sub(lambda _: f"${next(count)}", sql)
+
+
+def _number(text: str) -> int | float:
+    # SUM over bigint answers numeric: the ledger's sums come back as ints, as from SQLite.
+    return int(text) if text.lstrip("-").isdigit() else float(text)
+
+
+def lock_key(name: str) -> int:
+    """A 64-bit advisory lock key for a name (a session id)."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big", signed=True)
+
+
+class PostgresDb(Db):
+    shared = True
+
+    def __init__(self, url: str, conn: asyncpg.Connection) -> None:
+        self._url = url
+        self._conn = conn
+
+    @staticmethod
+    async def _connect(url: str) -> asyncpg.Connection:
+        try:
+            import asyncpg
+        except ImportError as err:
+            raise StoreError(
+                "MEMSUM_DB_URL names PostgreSQL but asyncpg is not installed:"
+                " pip install 'nonebot-plugin-memsum[postgres]'"
+            ) from err
+        try:
+            conn = await asyncpg.connect(url, timeout=10)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as err:
+            # The driver's text never holds the password, but say which server, not the URL.
+            raise StoreError(f"cannot connect to {describe(url)}: {type(err).__name__}: {err}") from err
+        await conn.set_type_codec("numeric", encoder=str, decoder=_number, schema="pg_catalog", format="text")
+        return conn
+
+    @classmethod
+    async def connect(cls, url: str) -> PostgresDb:
+        from . import postgres
+
+        db = cls(url, await cls._connect(url))
+        try:
+            await postgres.migrate(db)
+        except BaseException as err:
+            await db.close()
+            if isinstance(err, SchemaTooNewError):
+                raise StoreError(
+                    f"{describe(url)} was written by a newer nonebot-plugin-memsum (schema version"
+                    f" {err.found}, this version knows {err.known}); upgrade the plugin"
+                ) from err
+            raise
+        return db
+
+    def _errors(self) -> tuple[type[BaseException], ...]:
+        import asyncpg
+
+        return (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError)
+
+    def _failed(self, err: BaseException, what: str) -> StoreError:
+        """The driver's error as a StoreError; a connection that broke (the server went away,
+        was restarted, or ended it) is dropped, so the next call connects again."""
+        import asyncpg
+
+        state = getattr(err, "sqlstate", None) or ""
+        if not isinstance(err, asyncpg.PostgresError) or state[:2] in ("08", "57"):
+            self._conn.terminate()
+        return StoreError(f"store {what} failed: {err}")
+
+    async def ready(self) -> None:
+        if self._conn.is_closed():
+            self._conn = await self._connect(self._url)
+
+    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        try:
+            return [tuple(r) for r in await self._conn.fetch(_numbered(sql), *params)]
+        except self._errors() as err:
+            raise self._failed(err, "query") from err
+
+    async def insert(self, sql: str, params: Sequence[Any]) -> int:
+        try:
+            new_id = await self._conn.fetchval(_numbered(sql) + " RETURNING id", *params)
+        except self._errors() as err:
+            raise self._failed(err, "write") from err
+        return int(cast(int, new_id))
+
+    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        if not rows:
+            return
+        try:
+            await self._conn.executemany(_numbered(sql), rows)
+        except self._errors() as err:
+            raise self._failed(err, "write") from err
+
+    async def begin(self) -> None:
+        await self.fetch("BEGIN")
+
+    async def commit(self) -> None:
+        await self.fetch("COMMIT")
+
+    async def rollback(self) -> None:
+        # Outside a transaction PostgreSQL only warns; a dead connection has none left.
+        with contextlib.suppress(StoreError):
+            await self.fetch("ROLLBACK")
+
+    async def close(self) -> None:
+        with contextlib.suppress(*self._errors()):
+            await self._conn.close(timeout=5)
+
+    def day(self, ts: str) -> str:
+        return f"CAST(FLOOR(({ts} + ?) / 86400) AS BIGINT)"  # CAST alone rounds
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self, key: str) -> AsyncIterator[bool]:
+        # A session-level lock on a connection of its own: the store's connection runs
+        # other transactions meanwhile, and a process that dies drops the connection and
+        # with it the lock, so no other process waits for a dead one.
+        conn = await self._connect(self._url)
+        try:
+            got = bool(await conn.fetchval("SELECT pg_try_advisory_lock($1)", lock_key(key)))
+        except self._errors() as err:
+            await conn.close()
+            raise StoreError(f"store query failed: {err}") from err
+        try:
+            yield got
+        finally:
+            with contextlib.suppress(*self._errors()):
+                await conn.close(timeout=5)  # the lock goes with the connection
+
+    async def index(self, msg_id: int, session_id: str, msg: Message, ts: float) -> None:
+        if search.indexable(msg.role, msg.event_marker, msg.content):
+            await self.fetch(
+                pg_search.INSERT,
+                (msg_id, pg_search.document(session_id, msg.role, msg.name, msg.content, ts)),
+            )
+
+    async def forget(self, session_id: str) -> None:
+        await self.fetch(pg_search.FORGET, (session_id,))
+        await self.fetch(pg_search.MARK_CLEARED, (session_id, session_id))
+
+    async def cleared_upto(self, session_id: str) -> int:
+        rows = await self.fetch("SELECT upto FROM search_cleared WHERE session_id = ?", (session_id,))
+        return int(rows[0][0]) if rows else 0
+
+    async def candidates(self, query: search.SearchQuery, watermark: int) -> list[Row] | None:
+        expression = pg_search.tsquery(query)
+        if expression is None:
+            return None
+        since, until = _bounds(query)
+        return await self.fetch(
+            pg_search.SELECT_CANDIDATES,
+            (expression, query.session_id, watermark, since, until, search.CANDIDATES),
+        )
+
+
+async def connect(location: Location) -> Db:
+    """Open the engine `location` names, migrated; StoreError (no password in it) when it cannot."""
+    if is_url(location):
+        return await PostgresDb.connect(str(location))
+    return await SqliteDb.connect(Path(location))

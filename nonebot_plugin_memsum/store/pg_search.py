@@ -1,0 +1,89 @@
+"""The recall search index on PostgreSQL: the same terms as on SQLite (store/search.py cuts
+them: CJK bigrams, runs of letters or digits), in a `tsvector` with a GIN index.
+
+A tsvector written as a literal (`'提取':1 '取码':2 ...`) keeps each term exactly as
+given, with its position, so a word of n CJK characters is the phrase of its n − 1
+bigrams (`'提取' <-> '取码'`), one character a prefix (`'码':*`), as in FTS5; PostgreSQL's
+own parser is never involved (its word rules depend on the server's locale). The
+speaker's terms carry weight C and the session's and its days' terms weight B, so one
+GIN index answers the session, the speaker, the days and the words at once (`:C`, `:B`
+in the query); the text's terms keep the default weight D.
+
+Why not `pg_trgm`: a trigram index cannot find a two-character Chinese word (it has no
+trigram), so the most common query becomes a scan of the session; measured in
+bench/bench_recall.py --db (README, "Recall").
+
+Indexed as it is stored, in the message's own transaction: with several processes
+writing, ids commit out of order, so a batch watermark as on SQLite would skip rows.
+"""
+
+from __future__ import annotations
+
+from . import search
+
+MAX_POSITION = 16383
+"""PostgreSQL's largest tsvector position. A text's terms after it are not indexed: it also
+keeps a huge paste's tsvector far below PostgreSQL's 1 MB limit, so storing never fails."""
+
+INSERT = "INSERT INTO search_index (id, doc) VALUES (?, CAST(CAST(? AS TEXT) AS tsvector))"
+FORGET = "DELETE FROM search_index WHERE id IN (SELECT id FROM messages WHERE session_id = ?)"
+MARK_CLEARED = (
+    "INSERT INTO search_cleared (session_id, upto)"
+    " SELECT ?, COALESCE(MAX(id), 0) FROM messages WHERE session_id = ?"
+    " ON CONFLICT (session_id) DO UPDATE SET upto = GREATEST(search_cleared.upto, excluded.upto)"
+)
+SELECT_CANDIDATES = (
+    "SELECT m.id, m.role, m.content FROM search_index s JOIN messages m ON m.id = s.id"
+    " WHERE s.doc @@ CAST(CAST(? AS TEXT) AS tsquery) AND m.session_id = ? AND m.id > ?"
+    " AND m.ts >= ? AND m.ts < ? ORDER BY s.id DESC LIMIT ?"
+)
+"""The newest matches, re-checked against the session, the cleared watermark and the time."""
+
+
+def _quote(term: str) -> str:
+    return "'" + term.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def document(session_id: str, role: str, name: str | None, content: str, ts: float) -> str:
+    """The tsvector literal of a message: text terms, then the speaker's (C), then the session's (B)."""
+    body, who, sess = search.document(session_id, role, name, content, ts)
+    parts: list[str] = []
+    pos = 0
+    for terms, weight in ((body, ""), (who, "C"), (sess, "B")):
+        pos += 1  # a gap: no phrase runs from one part into the next
+        kept = terms.split()[: MAX_POSITION - 64] if weight == "" else terms.split()
+        for term in kept:
+            pos += 1
+            parts.append(f"{_quote(term)}:{min(pos, MAX_POSITION)}{weight}")
+    return " ".join(parts)
+
+
+def _words(text: str, weight: str) -> list[str]:
+    out = []
+    for word in text.split():
+        found = search.phrase_terms(word)
+        if found is None:
+            continue
+        terms, prefix = found
+        lexemes = [f"{_quote(t)}:{weight}" for t in terms]
+        if prefix:
+            lexemes[-1] = f"{_quote(terms[-1])}:*{weight}"
+        out.append("(" + " <-> ".join(lexemes) + ")")
+    return out
+
+
+def tsquery(query: search.SearchQuery) -> str | None:
+    """The query as a tsquery literal, or None when neither the text nor the speaker holds a term
+    (the same rules as `SearchQuery.expression` on SQLite)."""
+    parts = _words(query.text, "D")
+    if query.speaker is not None:
+        parts += _words(query.speaker, "C")
+    if not parts:
+        return None
+    session = search.session_term(query.session_id)
+    days = query._days()
+    if days is not None:
+        parts.append(
+            "(" + " | ".join(f"{_quote(search.day_term(session, d * search.DAY))}:B" for d in days) + ")"
+        )
+    return " & ".join([*parts, f"{_quote(session)}:B"])
