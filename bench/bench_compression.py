@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
+import pstats
 import random
 import statistics
 import sys
@@ -87,7 +89,9 @@ def _history(rng: random.Random, n: int) -> list[Message]:
     return out[:n]
 
 
-async def _run(messages: int, repeat: int, window: int, rule: str) -> tuple[list[float], list[float], int]:
+async def _run(
+    messages: int, repeat: int, window: int, rule: str, profile: cProfile.Profile | None = None
+) -> tuple[list[float], list[float], int]:
     tmp = Path(tempfile.mkdtemp(prefix="memsum-bench-compress-"))
     model = ModelConfig.model_validate(
         {"id": "bench/stub", "base_url": "http://127.0.0.1:9/v1", "context_window": window}
@@ -110,7 +114,11 @@ async def _run(messages: int, repeat: int, window: int, rule: str) -> tuple[list
             for m in _history(random.Random(r), messages):
                 await rt.agent.record(record, m)
             wall, cpu = time.perf_counter(), time.process_time()
+            if profile is not None:
+                profile.enable()
             await rt.compression.compress(record.id)
+            if profile is not None:
+                profile.disable()
             walls.append(time.perf_counter() - wall)
             cpus.append(time.process_time() - cpu)
     finally:
@@ -123,15 +131,19 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=5000)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--window", type=int, default=32000)
+    ap.add_argument("--profile", action="store_true", help="print a cProfile of the measured-rule runs")
     args = ap.parse_args()
     for rule in ("measured", "spec"):
-        walls, cpus, requests = asyncio.run(_run(args.messages, args.repeat, args.window, rule))
+        profile = cProfile.Profile() if args.profile and rule == "measured" else None
+        walls, cpus, requests = asyncio.run(_run(args.messages, args.repeat, args.window, rule, profile))
         print(  # noqa: T201
             f"compress {args.messages} messages, W={args.window}, capacity {rule:<8}: "
             f"median {statistics.median(walls) * 1000:.1f} ms wall, "
             f"{statistics.median(cpus) * 1000:.1f} ms CPU, "
             f"{requests} requests"
         )
+        if profile is not None:
+            pstats.Stats(profile).sort_stats("cumulative").print_stats(30)
 
 
 if __name__ == "__main__":

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import http.client
 import json
+import pstats
 import random
 import statistics
 import subprocess
@@ -186,7 +188,13 @@ class Replay:
     counts: dict[str, int] = field(default_factory=dict)
 
 
-async def replay(log: list[dict[str, Any]], window: int, server: Server, spec: bool) -> Replay:
+async def replay(
+    log: list[dict[str, Any]],
+    window: int,
+    server: Server,
+    spec: bool,
+    profile: cProfile.Profile | None = None,
+) -> Replay:
     out = Replay(window)
     tmp = Path(tempfile.mkdtemp(prefix="memsum-replay-"))
     model = ModelConfig.model_validate(
@@ -238,6 +246,8 @@ async def replay(log: list[dict[str, Any]], window: int, server: Server, spec: b
     async def silent(text: str) -> None:
         pass
 
+    if profile is not None:
+        profile.enable()
     try:
         for rec in log:
             if rec["to_bot"]:
@@ -256,6 +266,8 @@ async def replay(log: list[dict[str, Any]], window: int, server: Server, spec: b
                 out.turns += 1
             out.cpu_ns += time.process_time_ns() - t0
     finally:
+        if profile is not None:
+            profile.disable()
         for u in unsubscribe:
             u()
         await runtime.stop()
@@ -296,6 +308,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=9)
     ap.add_argument("--windows", type=int, nargs="+", default=[32000, 8000, 4000, 2000])
     ap.add_argument("--spec", action="store_true", help="MEMSUM_CAPACITY=spec (R-RUN-9's literal rule)")
+    ap.add_argument("--profile", action="store_true", help="print a cProfile of each replay")
     args = ap.parse_args()
     log = generate(args.messages, args.seed)
     chars = sum(len(r["text"]) for r in log)
@@ -304,7 +317,10 @@ def main() -> None:
     server = Server()
     try:
         for window in args.windows:
-            report(asyncio.run(replay(log, window, server, args.spec)))
+            profile = cProfile.Profile() if args.profile else None
+            report(asyncio.run(replay(log, window, server, args.spec, profile)))
+            if profile is not None:
+                pstats.Stats(profile).sort_stats("tottime").print_stats(40)
     finally:
         server.stop()
 

@@ -76,6 +76,31 @@ async def test_a_whole_read_is_served_from_memory_and_store_writes_extend_it(sto
         assert _texts(await store.get_history(SID)) == ["m0", "m1", "m2", ""]
 
 
+async def test_a_committed_transaction_extends_the_cached_history(store: Store) -> None:
+    # A turn stores its answer and the reply mark in one transaction: the next turn must not
+    # decode the whole history again for it.
+    first = await _filled(store)
+    async with store.transaction() as tx:
+        answer = await tx.append(SID, Message(role="assistant", content="答", ts=8.0))
+    history = await store.get_history(SID)
+    assert _texts(history) == ["m0", "m1", "m2", "答"]
+    assert history[0] is first[0]  # the cache, extended
+    assert history[-1] == answer
+
+
+async def test_r_run_11_the_commit_re_read_sees_what_another_connection_wrote(store: Store) -> None:
+    # The compression's commit re-reads the history (R-RUN-11): from the cache only while no
+    # other connection has written since, else from the database.
+    first = await _filled(store)
+    async with store.transaction() as tx:
+        again = await store.history_in(tx, SID)
+    assert _texts(again) == ["m0", "m1", "m2"]
+    assert again[0] is first[0]  # no second decode
+    await _slip_in(store.location, SID, "behind")
+    async with store.transaction() as tx:
+        assert _texts(await store.history_in(tx, SID)) == ["m0", "m1", "m2", "behind"]
+
+
 async def test_archiving_a_span_drops_the_cached_history(store: Store) -> None:
     await _filled(store, 4)
     async with store.transaction() as tx:

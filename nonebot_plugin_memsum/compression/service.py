@@ -40,7 +40,7 @@ from nonebot_plugin_memsum.compression.units import Estimators, Unit, build_unit
 from nonebot_plugin_memsum.config import Config
 from nonebot_plugin_memsum.errors import CompressionCancelled, CompressionError
 from nonebot_plugin_memsum.llm import LLMClient, LLMError, LLMLengthLimit, LLMStatusError, Registry
-from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_stored, estimate_text_tokens
+from nonebot_plugin_memsum.llm.tokens import estimate_stored, estimate_text_tokens
 from nonebot_plugin_memsum.lru import LRU, KeyedLocks
 from nonebot_plugin_memsum.settings import Settings
 from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE, Store, StoreError
@@ -653,7 +653,7 @@ class CompressionService:
         for warning in outcome.warnings:
             logger.warning(f"memsum: {session_id}: {warning}")
         before = estimate_text_tokens(old_text) + sum(
-            estimate_msg_tokens(m) for m in snapshot if m.is_conversation
+            estimate_stored(m) for m in snapshot if m.is_conversation
         )
         return await self._commit(session_id, run, before, span, template.name, outcome.summary, outcome.kept)
 
@@ -726,7 +726,10 @@ class CompressionService:
                 # the summary is written once the kept count is known; a failed check rolls
                 # everything back, the previous summary included.
                 async with self.store.transaction() as tx:
-                    current = await tx.get_history(session_id)
+                    # The history cache answers when it holds the session and no other
+                    # connection wrote to the file since (it is kept in step with every write
+                    # of this one, and this transaction holds the store).
+                    current = await self.store.history_in(tx, session_id)
                     head = current[: len(span)]
                     if len(head) != len(span) or not all(map(same_item, head, span)):
                         raise CompressionError(CHANGED)
@@ -738,13 +741,14 @@ class CompressionService:
                         session_id,
                         {"text": summary, "template": template, "time": now, "kept_messages": kept_count},
                     )
-                    archived = await tx.archive_span(session_id, len(span), kept_indexes(final))
+                    kept_at = kept_indexes(final)
+                    archived = await tx.archive_span(session_id, len(span), kept_at)
                     await tx.append(
                         session_id, Message(role="system", content=DIVIDER, event_marker=True, ts=now)
                     )
-                    remaining = await tx.get_history(session_id)
+        remaining = [current[i] for i in kept_at] + current[len(span) :]
         after_tokens = estimate_text_tokens(summary) + sum(
-            estimate_msg_tokens(m) for m in remaining if m.is_conversation
+            estimate_stored(m) for m in remaining if m.is_conversation
         )
         return CompressionResult(
             session_id,

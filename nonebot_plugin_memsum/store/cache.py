@@ -46,6 +46,9 @@ class HistoryCache:
     max_bytes: int = MAX_BYTES
     _entries: OrderedDict[str, _Entry] = field(default_factory=OrderedDict)
     _bytes: int = 0
+    data_version: int | None = None
+    """SQLite's `PRAGMA data_version` when the entries were last known to match the file: it
+    moves when another connection commits, and then nothing cached can be trusted."""
 
     @property
     def size_bytes(self) -> int:
@@ -96,6 +99,10 @@ class HistoryCache:
         entry = self._entries.pop(session_id, None)
         if entry is not None:
             self._bytes -= entry.size
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._bytes = 0
 
     def _evict(self) -> None:
         while self._entries and (len(self._entries) > self.max_sessions or self._bytes > self.max_bytes):

@@ -197,6 +197,10 @@ class Tx:
             await self.write_ledger()
         return await db.fetch(sql, params)
 
+    async def data_version(self) -> int:
+        """SQLite's counter of commits that other connections made to the file."""
+        return int((await self._fetch("PRAGMA data_version"))[0][0])
+
     async def version(self, session_id: str) -> int:
         """The session's write counter (PostgreSQL: bumped by every write of its messages)."""
         rows = await self._fetch("SELECT version FROM message_counts WHERE session_id = ?", (session_id,))
@@ -687,6 +691,8 @@ class Store:
                 except OSError as err:
                     raise StoreError(f"cannot create the folder of {self._location}: {err}") from err
             self._db = await connect(self._location)
+            if not self.shared:  # what the history cache matches: `history_in`
+                self._history.data_version = await Tx(self._db).data_version()
 
     async def close(self) -> None:
         """Wait for the running transaction, then close; a no-op when not open."""
@@ -823,20 +829,37 @@ class Store:
     async def get_history(self, session_id: str, limit: float = math.inf) -> list[Message]:
         """From the history cache when the session is in it; a whole read fills it."""
         async with self._statement() as tx:
-            cached = self._history.get(session_id)
-            version = 0
-            if self.shared:  # another process may have written it: one read to know
-                version = await tx.version(session_id)
-                if cached is not None and self._history.version(session_id) != version:
-                    cached = None
-            if cached is None:
-                if limit != math.inf:
-                    return await tx.get_history(session_id, limit)
-                # The counter read first: a write in between makes the next check reload.
-                cached = await tx.get_history(session_id)
-                self._history.put(session_id, cached, version)
-            n = _sql_limit(limit)
-            return cached[-n:] if 0 < n < len(cached) else list(cached) if n else []
+            return await self._cached_history(tx, session_id, limit)
+
+    async def history_in(self, tx: Tx, session_id: str) -> list[Message]:
+        """The whole active history as the database holds it, inside `tx`: from the history
+        cache unless `tx` wrote the session or another connection wrote to the file since
+        the cache was filled (R-RUN-11's re-read at a compression's commit, without
+        decoding thousands of rows again)."""
+        if session_id in tx._touched or any(s == session_id for s, _ in tx._appended):
+            return await tx.get_history(session_id)
+        if not self.shared:  # PostgreSQL: the session's own write counter tells
+            version = await tx.data_version()
+            if version != self._history.data_version:
+                self._history.clear()
+                self._history.data_version = version
+        return await self._cached_history(tx, session_id, math.inf)
+
+    async def _cached_history(self, tx: Tx, session_id: str, limit: float) -> list[Message]:
+        cached = self._history.get(session_id)
+        version = 0
+        if self.shared:  # another process may have written it: one read to know
+            version = await tx.version(session_id)
+            if cached is not None and self._history.version(session_id) != version:
+                cached = None
+        if cached is None:
+            if limit != math.inf:
+                return await tx.get_history(session_id, limit)
+            # The counter read first: a write in between makes the next check reload.
+            cached = await tx.get_history(session_id)
+            self._history.put(session_id, cached, version)
+        n = _sql_limit(limit)
+        return cached[-n:] if 0 < n < len(cached) else list(cached) if n else []
 
     async def count_active(self, session_id: str) -> int:
         async with self._statement() as tx:
