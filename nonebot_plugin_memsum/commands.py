@@ -1,9 +1,10 @@
 """The commands the bot's owner (and, when allowed, group owners and admins) use.
 
-Every matcher is declared in `register_commands` from the one table `COMMANDS`; each
+One matcher, declared in `register_commands`, serves the one table `COMMANDS`; each
 command's flow is a function of its own that returns the text to answer. Who may use a
-command is its NoneBot permission (`permission.py`): for anyone else the matcher does
-not run, so the command is not answered, not recorded, and goes on to other plugins.
+command is its NoneBot permission (`permission.py`), checked by the matcher's rule: for
+anyone else the matcher does not run, so the command is not answered, not recorded, and
+goes on to other plugins.
 Commands block at a priority above the recording matcher, so a command never enters
 history nor reaches the model.
 """
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from datetime import tzinfo
 from typing import Literal
 
-from nonebot import on_command, on_message
+from nonebot import on_message
 from nonebot.adapters.onebot.v11 import Bot, GroupMessageEvent, MessageEvent
 from nonebot.adapters.onebot.v11 import Message as OBMessage
 from nonebot.consts import CMD_KEY, PREFIX_KEY
@@ -26,7 +27,7 @@ from nonebot.log import logger
 from nonebot.matcher import Matcher
 from nonebot.params import CommandArg
 from nonebot.permission import Permission
-from nonebot.rule import Rule
+from nonebot.rule import Rule, command
 from nonebot.typing import T_State
 
 from . import clock, onebot, runtime, usage
@@ -519,36 +520,55 @@ COMMAND_NAMES: tuple[str, ...] = tuple(c.name for c in COMMANDS if c.name)
 """What a fetched message is skipped for: a command is answered, never stored."""
 
 
-def _handler(name: str, flow: Flow) -> Callable[..., Awaitable[None]]:
-    async def handle(
-        matcher: Matcher, bot: Bot, event: MessageEvent, state: T_State, arg: OBMessage | None = CommandArg()
-    ) -> None:
-        onebot.release_arrival(state)  # a command is never stored; a long /压缩 must not hold later messages
-        if str(event.user_id) == bot.self_id:
-            await matcher.finish()  # the bot's own message echoed back (a reply starting with "/")
-        record, _ = onebot.record_of(bot, event)
-        await runtime.get().store.save_session(record)  # the place layer needs the record
-        text = arg.extract_plain_text() if arg is not None else ""
-        try:
-            answer = await flow(_Call(bot, event, record, await SUPERUSER(bot, event), text))
-        except Exception:
-            logger.exception(f"memsum: command {name} failed")
-            answer = FAILED
-        try:
-            await onebot.send_reply(bot, event, answer)
-        except Exception as err:  # the connection (or the bot, shutting down) is gone
-            logger.warning(f"memsum: could not answer {name}: {type(err).__name__}: {err}")
-        await matcher.finish()
+_BY_NAME = {c.name: c for c in COMMANDS if c.name}
+_CONFIRM = next(c for c in COMMANDS if c.name is None)
+_CHOSEN = "memsum_command"
 
-    return handle
+
+async def _chosen(bot: Bot, event: MessageEvent, state: T_State) -> bool:
+    """The commands' one rule: the command this message is, when its sender may use it
+    (state[_CHOSEN]); anything else flows on to the recording matcher and other plugins.
+
+    One matcher for every command, not an `on_command` each: NoneBot checks a matcher's
+    permission before its rule, each check in task groups of its own, so twelve command
+    matchers cost every ordinary message about 150 task spawns (most of the bot's CPU at
+    a thousand groups). Here a message that is no command costs one dictionary look-up.
+    """
+    name = state.get(PREFIX_KEY, {}).get(CMD_KEY)
+    if name is None:
+        chosen = _CONFIRM if await _is_confirmation(bot, event) else None
+    else:
+        chosen = _BY_NAME.get(name[0]) if len(name) == 1 else None
+        if chosen is not None and not await chosen.permission(bot, event):
+            chosen = None
+    state[_CHOSEN] = chosen
+    return chosen is not None
+
+
+async def _handle(
+    matcher: Matcher, bot: Bot, event: MessageEvent, state: T_State, arg: OBMessage | None = CommandArg()
+) -> None:
+    command: Command = state[_CHOSEN]
+    name = command.name or CONFIRM_WORD
+    onebot.release_arrival(state)  # a command is never stored; a long /压缩 must not hold later messages
+    if str(event.user_id) == bot.self_id:
+        await matcher.finish()  # the bot's own message echoed back (a reply starting with "/")
+    record, _ = onebot.record_of(bot, event)
+    await runtime.get().store.save_session(record)  # the place layer needs the record
+    text = arg.extract_plain_text() if arg is not None and command.name else ""
+    try:
+        answer = await command.flow(_Call(bot, event, record, await SUPERUSER(bot, event), text))
+    except Exception:
+        logger.exception(f"memsum: command {name} failed")
+        answer = FAILED
+    try:
+        await onebot.send_reply(bot, event, answer)
+    except Exception as err:  # the connection (or the bot, shutting down) is gone
+        logger.warning(f"memsum: could not answer {name}: {type(err).__name__}: {err}")
+    await matcher.finish()
 
 
 def register_commands(config: Config) -> None:
-    """Declare every command; they block, above the recording matcher's priority."""
-    priority = config.memsum_command_priority
-    for command in COMMANDS:
-        if command.name is None:
-            matcher = on_message(rule=Rule(_is_confirmation), priority=priority, block=True)
-        else:
-            matcher = on_command(command.name, permission=command.permission, priority=priority, block=True)
-        matcher.handle()(_handler(command.name or CONFIRM_WORD, command.flow))
+    """Declare the commands' matcher; it blocks, above the recording matcher's priority."""
+    command(*COMMAND_NAMES)  # registers the names with NoneBot's command parser (state[PREFIX_KEY])
+    on_message(rule=Rule(_chosen), priority=config.memsum_command_priority, block=True).handle()(_handle)
