@@ -28,6 +28,7 @@ from nonebot_plugin_memsum.compression.request import CompressionError
 from nonebot_plugin_memsum.compression.service import BACKOFF_NAMESPACE
 from nonebot_plugin_memsum.compression.trigger import Backoff
 from nonebot_plugin_memsum.config import ModelConfig
+from nonebot_plugin_memsum.lru import LRU
 from nonebot_plugin_memsum.runtime import Runtime
 from nonebot_plugin_memsum.settings import MODE_WORDS, SETTING_NAMES
 from nonebot_plugin_memsum.store import SearchQuery
@@ -405,7 +406,8 @@ class _Live:
 
     def __init__(self) -> None:
         self._tasks: set[asyncio.Task[None]] = set()
-        self._progress: dict[str, dict[str, Any]] = {}
+        self._progress: LRU[str, dict[str, Any]] = LRU()
+        """The latest run started from the page, per session (the page polls it)."""
 
     def start(self, rt: Runtime, sid: str) -> None:
         self._progress[sid] = {"phase": "running", "since": clock.now(), "text": "正在压缩…"}
