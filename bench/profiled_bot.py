@@ -3,14 +3,32 @@
 
 import cProfile
 import runpy
+import signal
 from pathlib import Path
 
 BOT = Path(__file__).resolve().parents[1] / "bot.py"
 
 profile = cProfile.Profile()
+
+
+def _dump() -> None:
+    profile.disable()
+    profile.dump_stats("profile.out")
+
+
+_raise_signal = signal.raise_signal
+
+
+def _dump_then_raise(signum: int) -> None:
+    # uvicorn ends its SIGTERM shutdown by raising the signal again with the default
+    # handler, which ends the process before any `finally` below could run.
+    _dump()
+    _raise_signal(signum)
+
+
+signal.raise_signal = _dump_then_raise
 profile.enable()
 try:
     runpy.run_path(str(BOT), run_name="__main__")
 finally:
-    profile.disable()
-    profile.dump_stats("profile.out")
+    _dump()

@@ -34,6 +34,7 @@ import json
 import os
 import random
 import re
+import shutil
 import sqlite3
 import statistics
 import subprocess
@@ -142,10 +143,13 @@ class Results:
     answered_twice: int = 0
     overhead_ms: list[float] = field(default_factory=list)
     cpu_ms_per_message: float = 0.0
+    cpu_ms_with_startup: float = 0.0
     rss_slope_mb_per_min: list[float] = field(default_factory=list)
     log_bytes_per_1000: float = 0.0
     turns: int = 0
     compressions: int = 0
+    stopped: str = ""
+    rss_max_mb: float = 0.0
 
     def report(self) -> str:
         p = (
@@ -161,11 +165,14 @@ class Results:
                 f"questions: {self.questions}  unanswered within the window: {self.unanswered}"
                 f"  answered twice: {self.answered_twice}",
                 f"turn overhead p50 / p99 (one model request): {p} over {len(self.overhead_ms)} answers",
-                f"bot CPU per message: {self.cpu_ms_per_message:.2f} ms",
+                f"bot CPU per message: {self.cpu_ms_per_message:.2f} ms"
+                f" ({self.cpu_ms_with_startup:.2f} ms with the start-ups)",
                 "resident memory slope after warm-up (per process life): "
-                + ", ".join(f"{s:+.2f} MB/min" for s in self.rss_slope_mb_per_min),
+                + ", ".join(f"{s:+.2f} MB/min" for s in self.rss_slope_mb_per_min)
+                + f"; highest {self.rss_max_mb:.0f} MB",
                 f"log: {self.log_bytes_per_1000 / 1024:.1f} KB per 1,000 messages",
                 f"INFO turn lines: {self.turns}, compressions: {self.compressions}",
+                f"SIGTERM at the end: {self.stopped}",
             ]
         )
 
@@ -182,6 +189,9 @@ class Proc:
         self.pid = pid
         self.cpu = 0.0
         self.rss: list[tuple[float, float]] = []
+        self.sample()
+        self.startup = self.cpu
+        """CPU seconds when it listened: loading, opening the store, the tokenizer."""
 
     def sample(self) -> None:
         try:
@@ -239,6 +249,7 @@ async def run(
     said: list[Said] = []
     replies: list[tuple[float, str, dict[str, Any]]] = []
     lives: list[Proc] = []
+    stopped = ""
     try:
         await bot.start(60)
         lives.append(Proc(_pid(bot)))
@@ -275,15 +286,21 @@ async def run(
                 said.append(await _say(sim, rng, group, seq, down[0]))
         if reconnect is not None:
             await reconnect
-        await asyncio.sleep(settle)  # answers in flight, queued compressions
+        await _settle(said, replies, settle)  # answers in flight
         sampler.cancel()
         lives[-1].sample()
         await sim.close()
-        await bot.terminate(60)
+        try:
+            stopped = f"exit code {await bot.terminate(60)}"
+        except TimeoutError:  # a figure too: it still had work queued a minute after SIGTERM
+            stopped = "still running 60 s after SIGTERM: killed"
+            await bot.kill()
     finally:
         await bot.stop()
         model.kill()
-    return _analyse(bot, said, replies, lives, warmup)
+    results = _analyse(bot, said, replies, lives, warmup)
+    results.stopped = stopped
+    return results
 
 
 def _pid(bot: BotProcess) -> int:
@@ -341,6 +358,32 @@ def _recording_send(sim: OneBotSim, replies: list[tuple[float, str, dict[str, An
     return send
 
 
+def _covered(raw: str, by_id: dict[int, str]) -> tuple[set[str], re.Match[str] | None]:
+    """The questions a sent answer covers, and the quote it carries."""
+    covered = set(QUESTION.findall(raw))
+    quoted = re.search(r'"reply", "data": \{"id": "(\d+)"', raw)
+    if not covered and quoted and APOLOGY in raw:  # a failed turn answers its asker with the apology
+        covered = {by_id.get(int(quoted.group(1)), "")}
+    return covered, quoted
+
+
+async def _settle(said: list[Said], replies: list[tuple[float, str, dict[str, Any]]], quiet: float) -> None:
+    """Until every question has an answer, or none came for `quiet` seconds: a busy machine
+    answers late, and the figures must not count that as never."""
+    questions = {s.token for s in said if s.question}
+    by_id = {s.message_id: s.token for s in said}
+    answered: set[str] = set()
+    seen, last = 0, time.monotonic()
+    while time.monotonic() - last < quiet:
+        if len(replies) > seen:
+            for _, raw, _ in replies[seen:]:
+                answered |= _covered(raw, by_id)[0]
+            seen, last = len(replies), time.monotonic()
+            if questions <= answered:
+                return
+        await asyncio.sleep(0.2)
+
+
 def _analyse(
     bot: BotProcess,
     said: list[Said],
@@ -371,12 +414,9 @@ def _analyse(
     r.questions = len(questions)
     answered: Counter[str] = Counter()
     by_id = {s.message_id: s.token for s in said}
-    for t, raw, params in replies:
-        covered = QUESTION.findall(raw)
-        quoted = re.search(r'"reply", "data": \{"id": "(\d+)"', raw)
-        if not covered and quoted and APOLOGY in raw:  # a failed turn answers its asker with the apology
-            covered = [by_id.get(int(quoted.group(1)), "")]
-        answered.update(set(covered))
+    for t, raw, _ in replies:
+        covered, quoted = _covered(raw, by_id)
+        answered.update(covered)
         m = re.search(r"attempts=(\d+) model_ms=(\d+)", raw)
         if quoted and m and m.group(1) == "1":
             asker = next(
@@ -388,8 +428,10 @@ def _analyse(
     r.unanswered = sum(1 for q in questions if answered[q] == 0)
     r.answered_twice = sum(1 for q in questions if answered[q] > 1)
     delivered = max(1, r.said - r.lost)
-    r.cpu_ms_per_message = sum(p.cpu for p in lives) * 1000 / delivered
+    r.cpu_ms_per_message = sum(p.cpu - p.startup for p in lives) * 1000 / delivered
+    r.cpu_ms_with_startup = sum(p.cpu for p in lives) * 1000 / delivered
     r.rss_slope_mb_per_min = [s for p in lives if (s := p.slope(warmup)) is not None]
+    r.rss_max_mb = max((rss for p in lives for _, rss in p.rss), default=0.0)
     log = bot.log(all_runs=True)
     r.log_bytes_per_1000 = len(log.encode()) * 1000 / delivered
     r.turns = log.count("memsum: turn ")
@@ -410,6 +452,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--bot", type=Path, help="another checkout's bot.py (a 'before' figure)")
     parser.add_argument("--profile", action="store_true", help="cProfile the bot (no kill); print the top")
+    parser.add_argument("--workdir", type=Path, help="keep the bot's folder (log, database) here")
     parser.add_argument("--serve-model", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_model:
@@ -424,30 +467,36 @@ def main() -> None:
 
         tests.fakes.botproc.BOT_PY = REPO / "bench" / "profiled_bot.py"
         args.kill_at = -1
-    with tempfile.TemporaryDirectory(prefix="memsum-soak-") as tmp:
-        results = asyncio.run(
-            run(
-                Path(tmp),
-                groups=args.groups,
-                rate=args.rate,
-                seconds=args.minutes * 60,
-                kill_at=args.kill_at if args.kill_at >= 0 else None,
-                faults=args.faults,
-                warmup=args.warmup,
-                seed=args.seed,
-            )
+    if args.workdir:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="memsum-soak-", dir=args.workdir)
+    results = asyncio.run(
+        run(
+            Path(tmp),
+            groups=args.groups,
+            rate=args.rate,
+            seconds=args.minutes * 60,
+            kill_at=args.kill_at if args.kill_at >= 0 else None,
+            faults=args.faults,
+            warmup=args.warmup,
+            seed=args.seed,
         )
-        print(
-            f"soak: {args.groups} groups, {args.rate:g} msg/s, {args.minutes:g} min,"
-            f" kill at {args.kill_at:g}, faults {'on' if args.faults else 'off'}"
-        )
-        print(results.report())
-        if args.profile:
-            import pstats
+    )
+    print(
+        f"soak: {args.groups} groups, {args.rate:g} msg/s, {args.minutes:g} min,"
+        f" kill at {args.kill_at:g}, faults {'on' if args.faults else 'off'}"
+    )
+    print(results.report())
+    if args.profile:
+        import pstats
 
-            stats = pstats.Stats(str(Path(tmp) / "bot" / "profile.out"))
-            stats.sort_stats("cumulative").print_stats(40)
-            stats.sort_stats("tottime").print_stats(30)
+        stats = pstats.Stats(str(Path(tmp) / "bot" / "profile.out"))
+        stats.sort_stats("cumulative").print_stats(40)
+        stats.sort_stats("tottime").print_stats(30)
+    if args.workdir:
+        print(f"kept: {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
