@@ -210,10 +210,13 @@ async def feed(bot: BotProcess, sim: OneBotSim, group: int, lines: list[str]) ->
         uid = 20001 + i % 7
         await sim.group_message(group, uid, words, nickname=f"成员{uid - 20000}")
 
-    async def stored() -> bool:
-        return len(await rows(bot, sid)) >= before + len(lines)
+    async def count() -> int:
+        return len(await rows(bot, sid))
 
-    await until(stored, f"{len(lines)} lines stored in {sid}")
+    async def stored() -> bool:
+        return await count() >= before + len(lines)
+
+    await until(stored, f"{len(lines)} lines stored in {sid}", progress=count)
 
 
 async def ask(sim: OneBotSim, group: int, words: str, *, uid: int = 20002, reply: str = "收到") -> None:
@@ -242,11 +245,16 @@ async def settled(sim: OneBotSim, group: int) -> str:
     return answers[-1]
 
 
-async def summarised(bot: BotProcess, sid: str) -> dict[str, Any]:
+async def summarised(bot: BotProcess, sid: str, llm: ScriptedLLM | None = None) -> dict[str, Any]:
+    """The summary once stored; with `llm`, waited for as long as summary requests keep coming."""
+
     async def present() -> bool:
         return await stored_summary(bot, sid) is not None
 
-    await until(present, f"a summary of {sid}")
+    async def requests() -> int:
+        return len(summary_requests(llm)) if llm is not None else 0
+
+    await until(present, f"a summary of {sid}", progress=requests if llm is not None else None)
     found = await stored_summary(bot, sid)
     assert found is not None
     return found
@@ -563,10 +571,7 @@ async def test_r_run_10_chunks_fit_a_small_summary_window_and_end_in_one_summary
     ]
     await feed(b.bot, b.sim, group, lines)
     await ask(b.sim, group, "总结一下")
-    stored = await summarised(
-        b.bot,
-        sid,
-    )
+    stored = await summarised(b.bot, sid, b.llm)
 
     requests = summary_requests(b.llm)
     all_rows = await rows(b.bot, sid)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.fakes.botproc import BotProcess
-from tests.fakes.e2e import SELF_ID, group_sid, query, until, wait_log
+from tests.fakes.e2e import SELF_ID, group_sid, private_sid, query, until, wait_log
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.onebot import OneBotSim, at, text
 
@@ -131,6 +131,77 @@ async def test_an_implementation_without_the_history_action_gets_one_info_line(
         calls = [c for c in sim.calls if c.action == "get_group_msg_history"]
         assert len(calls) == 1
         await sim.close()
+
+
+# One account per implementation, each answering the history actions with its own
+# parameters and limits (the sources are cited in tests/fakes/onebot.py).
+ACCOUNTS = {"napcat": 10000, "llonebot": 10001, "lagrange": 10002, "gocq": 10003}
+
+
+async def test_backfill_of_groups_and_private_chats_with_each_implementations_history_actions(
+    tmp_path: Path, llm_answers: ScriptedLLM
+) -> None:
+    group, peer = 7201, 30001
+    async with BotProcess(tmp_path / "bot", env=env(llm_answers), log_level="INFO") as bot:
+        sims = {
+            name: OneBotSim(bot.ws_url, self_id=uid, access_token=bot.access_token)
+            for name, uid in ACCOUNTS.items()
+        }
+        for name, sim in sims.items():
+            sim.history_like(name)
+            await sim.connect()
+            await wait_log(bot, f"Bot {sim.self_id} connected")
+            await sim.group_message(group, 20001, "大家好", nickname="甲")
+            await sim.private_message(peer, "私聊第一句", nickname="丁")
+        for sim in sims.values():  # stored, and the private message answered
+            await until(lambda sim=sim: _count(bot, private_sid(peer, sim.self_id), 2), "the private answer")
+            await until(lambda sim=sim: _count(bot, group_sid(group, sim.self_id), 1), "the group message")
+        await bot.kill()
+        questions: dict[str, tuple[int, int]] = {}
+        for name, sim in sims.items():
+            await asyncio.wait_for(sim.disconnected.wait(), 15)
+            await sim.group_message(group, 20002, "机器人挂了吗", nickname="乙")
+            asked = await sim.group_message(
+                group, 20003, [at(sim.self_id), text(" 你还在吗？")], nickname="丙"
+            )
+            asked_privately = await sim.private_message(peer, "私聊里问：你还在吗？", nickname="丁")
+            questions[name] = (asked, asked_privately)
+        await bot.start()
+        for sim in sims.values():
+            await sim.connect()
+        for name, sim in sims.items():
+            gsid, psid = group_sid(group, sim.self_id), private_sid(peer, sim.self_id)
+            await until(lambda gsid=gsid: _count(bot, gsid, 4), f"{name}: the group's backfill and answer")
+            said = [c for c in await contents(bot, gsid) if c.startswith("[")]
+            assert said == [
+                "[甲(20001)] 大家好",
+                "[乙(20002)] 机器人挂了吗",
+                f"[丙(20003)] @小记({sim.self_id}) 你还在吗？",
+            ]
+            asked, asked_privately = questions[name]
+            await until(
+                lambda sim=sim, asked=asked: _answered(sim, asked), f"{name}: the group question answered"
+            )
+            if name == "gocq":  # no get_friend_msg_history: what the peer said while down is not known
+                await wait_log(bot, f"memsum: {sim.self_id} cannot get_friend_msg_history")
+                assert [c for c in await contents(bot, psid) if c.startswith("[")] == [
+                    "[丁(30001)] 私聊第一句"
+                ]
+                continue
+            await until(lambda psid=psid: _count(bot, psid, 4), f"{name}: the private backfill and answer")
+            said = [c for c in await contents(bot, psid) if c.startswith("[")]
+            assert said == ["[丁(30001)] 私聊第一句", "[丁(30001)] 私聊里问：你还在吗？"]
+            answers = [
+                c
+                for c in sim.calls
+                if c.action in {"send_msg", "send_private_msg"} and c.params.get("user_id") == peer
+            ]
+            assert len(answers) == 2  # the first message's, then one for the question asked while down
+        log = bot.log()
+        assert log.count("cannot get_friend_msg_history") == 1
+        assert "cannot get_group_msg_history" not in log
+        for sim in sims.values():
+            await sim.close()
 
 
 async def _count(bot: BotProcess, sid: str, n: int) -> bool:

@@ -28,11 +28,22 @@ def private_sid(user: int, self_id: int = SELF_ID) -> str:
     return f"onebot:{self_id}:private:{user}"
 
 
-async def until(check: Callable[[], Awaitable[bool]], what: str, within: float = 20) -> None:
-    """Wait until `check()` holds."""
+async def until(
+    check: Callable[[], Awaitable[bool]],
+    what: str,
+    within: float = 20,
+    *,
+    progress: Callable[[], Awaitable[object]] | None = None,
+) -> None:
+    """Wait until `check()` holds. With `progress` (a count of work done so far, say),
+    `within` bounds the wait for the next step rather than the whole: a long task on a
+    busy machine is slow, not stuck, while its count still moves."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
+    seen = await progress() if progress is not None else None
     while not await check():
+        if progress is not None and (now := await progress()) != seen:
+            seen, deadline = now, loop.time() + within
         if loop.time() >= deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.02)

@@ -21,6 +21,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Self
 
 from websockets.asyncio.client import ClientConnection, connect
@@ -563,16 +564,22 @@ class OneBotSim:
 
     # The history actions as NapCat answers them (NapNeko/NapCatQQ
     # src/onebot/action/go-cqhttp/GetGroupMsgHistory.ts, GetFriendMsgHistory.ts): `count`
-    # (default 20) of the latest messages, or of those up to `message_seq` when given
-    # (Lagrange names the anchor `message_id`: LagrangeDev/Lagrange.Doc
-    # docs/Lagrange.OneBot/API/Extend/index.md); `{"messages": [...]}`, each message as its
-    # event, oldest first, the bot's own messages included. NapCat reverses the list
-    # whatever `reverseOrder` says, so `reverse_history` answers newest first.
+    # (default 20) of the latest messages, or of those up to `message_seq` when given;
+    # `{"messages": [...]}`, each message as its event, oldest first, the bot's own messages
+    # included. NapCat reverses the list whatever `reverseOrder` says, so `reverse_history`
+    # answers newest first. `history_like` answers as another implementation does (below).
     reverse_history: bool = False
 
-    def _history(self, kind: str, match: Callable[[StoredMessage], bool], params: dict[str, Any]):
-        count = int(params.get("count") or 20)
-        anchor = params.get("message_seq") or params.get("message_id")
+    def _history(
+        self,
+        kind: str,
+        match: Callable[[StoredMessage], bool],
+        count: int,
+        anchor: Any = None,
+        *,
+        newest_first: bool = False,
+        post_type: bool = True,
+    ) -> dict[str, Any]:
         found = [m for m in self.messages.values() if m.message_type == kind and match(m)]
         if anchor:
             found = [m for m in found if m.message_id <= int(anchor)]
@@ -580,16 +587,38 @@ class OneBotSim:
         for m in found[-count:]:
             extra = {"group_id": m.group_id, "anonymous": None} if kind == "group" else {}
             item = self._event_of(m, sub_type="normal" if kind == "group" else "friend", extra=extra)
+            if not post_type:
+                del item["post_type"]
             items.append({**item, "message_seq": m.message_id, "real_id": m.message_id})
-        return {"messages": items[::-1] if self.reverse_history else items}
+        return {"messages": items[::-1] if newest_first else items}
+
+    def _group_history_match(self, params: dict[str, Any]) -> Callable[[StoredMessage], bool]:
+        gid = int(params["group_id"])
+        return lambda m: m.group_id == gid
+
+    def _friend_history_match(self, params: dict[str, Any]) -> Callable[[StoredMessage], bool]:
+        uid = int(params["user_id"])
+        return lambda m: uid in (m.user_id, m.sender.get("user_id"))
 
     def _get_group_msg_history(self, params: dict[str, Any]) -> dict[str, Any]:
-        gid = int(params["group_id"])
-        return self._history("group", lambda m: m.group_id == gid, params)
+        count, anchor = int(params.get("count") or 20), params.get("message_seq")
+        match = self._group_history_match(params)
+        return self._history("group", match, count, anchor, newest_first=self.reverse_history)
 
     def _get_friend_msg_history(self, params: dict[str, Any]) -> dict[str, Any]:
-        uid = int(params["user_id"])
-        return self._history("private", lambda m: uid in (m.user_id, m.sender.get("user_id")), params)
+        count, anchor = int(params.get("count") or 20), params.get("message_seq")
+        match = self._friend_history_match(params)
+        return self._history("private", match, count, anchor, newest_first=self.reverse_history)
+
+    def history_like(self, implementation: str) -> None:
+        """Answer the history actions with the parameters and limits of `implementation`:
+        "napcat" (the default above), "llonebot", "lagrange" or "gocq"."""
+        group, friend = _HISTORY_DIALECTS[implementation]
+        for action, answer in (("get_group_msg_history", group), ("get_friend_msg_history", friend)):
+            if answer is None:
+                self.responders.pop(action, None)  # answered with retcode 1404, unknown action
+            else:
+                self.responders[action] = partial(answer, self)
 
     def _member_info(self, m: Member) -> dict[str, Any]:
         return {
@@ -649,3 +678,52 @@ def _opt_int(value: Any) -> int | None:
 
 def _default_nickname(user_id: int) -> str:
     return f"用户{user_id}"
+
+
+# ---- the history actions of the other implementations ------------------------------------
+# LLOneBot (LLOneBot/LLOneBot src/onebot11/action/go-cqhttp/GetGroupMsgHistory.ts,
+# src/onebot11/action/llonebot/GetFriendMsgHistory.ts): `group_id` / `user_id`, the anchor
+# `message_seq` (the friend action also takes `message_id`), absent or "0" = the latest,
+# `count` (default 20), `reverseOrder` (default false: oldest first); no message at all
+# fails with 「未找到消息」.
+def _llonebot_history(sim: OneBotSim, params: dict[str, Any], *, kind: str) -> dict[str, Any]:
+    match = sim._group_history_match(params) if kind == "group" else sim._friend_history_match(params)
+    anchor = (
+        params.get("message_seq") if kind == "group" else params.get("message_seq", params.get("message_id"))
+    )
+    found = sim._history(
+        kind, match, int(params.get("count") or 20), anchor, newest_first=bool(params.get("reverseOrder"))
+    )
+    if not found["messages"]:
+        raise ActionFailedError(RETCODE_INTERNAL, "未找到消息")
+    return found
+
+
+# Lagrange.OneBot (LagrangeDev/Lagrange.Core Lagrange.OneBot/Core/Entity/Message/
+# OneBotGroupMsgHistory.cs, Core/Operation/Message/GetGroupMessageHistoryOperation.cs,
+# GetFriendMessageHistoryOperation.cs): `group_id` / `user_id`, the anchor `message_id`
+# (0 = the latest), `count` (default 20) for a group; a friend's history is always the
+# last 20 (`GetRoamMessage(chain, 20)`), whatever `count` says.
+def _lagrange_history(sim: OneBotSim, params: dict[str, Any], *, kind: str) -> dict[str, Any]:
+    if kind == "group":
+        return sim._history(
+            kind, sim._group_history_match(params), int(params.get("count") or 20), params.get("message_id")
+        )
+    return sim._history(kind, sim._friend_history_match(params), 20, params.get("message_id"))
+
+
+# go-cqhttp (Mrs4s/go-cqhttp coolq/api.go CQGetGroupMessageHistory): `group_id` and
+# `message_seq` (0 = the group's last), always the 20 messages up to it, no `count`; its
+# events carry no `post_type`. It has no get_friend_msg_history.
+def _gocq_history(sim: OneBotSim, params: dict[str, Any], *, kind: str) -> dict[str, Any]:
+    return sim._history(
+        kind, sim._group_history_match(params), 20, params.get("message_seq"), post_type=False
+    )
+
+
+_HISTORY_DIALECTS: dict[str, tuple[Any, Any]] = {
+    "napcat": (OneBotSim._get_group_msg_history, OneBotSim._get_friend_msg_history),
+    "llonebot": (partial(_llonebot_history, kind="group"), partial(_llonebot_history, kind="private")),
+    "lagrange": (partial(_lagrange_history, kind="group"), partial(_lagrange_history, kind="private")),
+    "gocq": (partial(_gocq_history, kind="group"), None),
+}
