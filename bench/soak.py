@@ -449,6 +449,7 @@ def main() -> None:
     parser.add_argument("--kill-at", type=float, default=0.5, help="fraction of the run; negative: no kill")
     parser.add_argument("--faults", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--warmup", type=float, default=120, help="seconds before the memory slope counts")
+    parser.add_argument("--settle", type=float, default=30, help="seconds without an answer that end the run")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--bot", type=Path, help="another checkout's bot.py (a 'before' figure)")
     parser.add_argument("--profile", action="store_true", help="cProfile the bot (no kill); print the top")
@@ -479,6 +480,7 @@ def main() -> None:
             kill_at=args.kill_at if args.kill_at >= 0 else None,
             faults=args.faults,
             warmup=args.warmup,
+            settle=args.settle,
             seed=args.seed,
         )
     )
