@@ -60,6 +60,8 @@ SUMMARY = "【保留原文】无\n## 最近在聊什么\n大家在闲聊\n## 谁
 TOKEN = re.compile(r"\b([MQ]\d+)\b")
 QUESTION = re.compile(r"\bQ\d+\b")
 APOLOGY = "抱歉"
+SAID_WORDS = ("随便聊聊", "假装别人", "长长长长", "收到 ")
+"""Words of what the members say and of the model's answers: none may reach the log."""
 
 
 # ---- the model server (its own process) -------------------------------------------------
@@ -146,6 +148,7 @@ class Results:
     cpu_ms_with_startup: float = 0.0
     rss_slope_mb_per_min: list[float] = field(default_factory=list)
     log_bytes_per_1000: float = 0.0
+    text_lines: int = 0
     turns: int = 0
     compressions: int = 0
     stopped: str = ""
@@ -170,7 +173,8 @@ class Results:
                 "resident memory slope after warm-up (per process life): "
                 + ", ".join(f"{s:+.2f} MB/min" for s in self.rss_slope_mb_per_min)
                 + f"; highest {self.rss_max_mb:.0f} MB",
-                f"log: {self.log_bytes_per_1000 / 1024:.1f} KB per 1,000 messages",
+                f"log: {self.log_bytes_per_1000 / 1024:.1f} KB per 1,000 messages;"
+                f" lines with message text: {self.text_lines}",
                 f"INFO turn lines: {self.turns}, compressions: {self.compressions}",
                 f"SIGTERM at the end: {self.stopped}",
             ]
@@ -434,6 +438,7 @@ def _analyse(
     r.rss_max_mb = max((rss for p in lives for _, rss in p.rss), default=0.0)
     log = bot.log(all_runs=True)
     r.log_bytes_per_1000 = len(log.encode()) * 1000 / delivered
+    r.text_lines = sum(1 for line in log.splitlines() if any(w in line for w in SAID_WORDS))
     r.turns = log.count("memsum: turn ")
     r.compressions = log.count("memsum: compression ")
     return r

@@ -16,3 +16,4 @@ async def test_a_sigkill_at_half_time_loses_nothing_and_answers_every_question_o
     assert r.questions > 0, r.report()
     assert (r.lost, r.duplicated, r.out_of_order, r.down_not_recorded) == (0, 0, 0, 0), r.report()
     assert (r.unanswered, r.answered_twice) == (0, 0), r.report()
+    assert r.text_lines == 0, r.report()  # nothing said reaches the log at INFO
