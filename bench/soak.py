@@ -6,7 +6,7 @@
   count line, so compressions happen;
 - the model is a ScriptedLLM in a process of its own: every answer takes 0.3–2 s, 3 % of
   chat requests fail with 500 and 1 % with 429, 5 % of summaries fail; a chat answer
-  names the questions it saw after the last answer in its prompt, and how long the
+  names the questions in its prompt no earlier answer named, and how long the
   server spent on that prompt (all attempts), so the bench can tell overhead from model time;
 - our own OneBot client (tests/fakes/onebot.py) connects over reverse WebSocket: groups
   of 5 members talk at `--rate` messages/s (10 % address the bot, bursts, 5,000-character
@@ -88,12 +88,18 @@ def serve_model(port_file: Path, faults: bool, seed: int) -> None:
             return Reply(status=500, delay=delay)
         if faults and roll < 0.04:
             return Reply(status=429, headers={"Retry-After": "1"}, delay=delay)
-        seen: list[str] = []
-        for m in messages:  # the questions after the last answer: what this answer covers
+        # What this answer covers: the questions in its prompt no earlier answer named. Not
+        # only those after the last answer: a question that came while another turn ran is
+        # stored before that turn's answer, and a model still sees it.
+        asked: list[str] = []
+        covered: set[str] = set()
+        for m in messages:
+            found = QUESTION.findall(str(m.get("content") or ""))
             if m["role"] == "assistant":
-                seen = []
+                covered.update(found)
             elif m["role"] == "user":
-                seen += QUESTION.findall(str(m.get("content") or ""))
+                asked += found
+        seen = [q for q in asked if q not in covered]
         attempts, total = spent.pop(key)
         return Reply(
             f"收到 {' '.join(seen) or '-'} attempts={attempts} model_ms={total * 1000:.0f}", delay=delay
