@@ -141,11 +141,13 @@ class Settings:
         self._store = store
         self._config = config
         self._stored: LRU[tuple[str, str], dict[str, Any]] = LRU()
-        """Stored layers read so far: they change only through this object, and every
-        turn reads them twice (the agent, then the trigger at turn end)."""
+        """Stored layers read so far: they change only through this object (one process on
+        a SQLite file), and every turn reads them twice (the agent, then the trigger)."""
 
     async def _layer(self, scope: Literal["session", "place"], key: str) -> dict[str, Any]:
-        values = self._stored.get((scope, key))
+        # With other processes on the database (store.shared) a layer may change under us:
+        # read each time (two small reads per turn).
+        values = None if self._store.shared else self._stored.get((scope, key))
         if values is None:
             values = self._stored[(scope, key)] = await self._store.get_settings(scope, key)
         return values

@@ -145,6 +145,7 @@ async def make(tmp_path: Path) -> AsyncIterator["Make"]:
         chat: dict[str, Any] | None = None,
         summary: dict[str, Any] | None = None,
         models: "Callable[[ScriptedLLM], list[dict[str, Any]]] | None" = None,
+        location: Path | str | None = None,
         **config: Any,
     ) -> "Env":
         llm = ScriptedLLM().start()
@@ -164,7 +165,7 @@ async def make(tmp_path: Path) -> AsyncIterator["Make"]:
                 **config,
             }
         )
-        rt = await runtime.build(cfg, tmp_path / f"memsum-{len(built)}.db", [], {OWNER})
+        rt = await runtime.build(cfg, location or tmp_path / f"memsum-{len(built)}.db", [], {OWNER})
         progress: list[CompressionProgress] = []
         rt.bus.subscribe(CompressionProgress, progress.append)
         warnings: list[str] = []

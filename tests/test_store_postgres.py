@@ -212,6 +212,16 @@ async def test_a_lost_connection_is_made_again(url: str) -> None:
         await store.close()
 
 
+async def test_a_message_with_a_nul_character_is_stored_not_lost(url: str) -> None:
+    # PostgreSQL text refuses U+0000, which a SQLite file keeps: replaced, never dropped.
+    store = await open_store(url)
+    try:
+        await store.append(SID, said("a\x00b"))
+        assert [m.content for m in await store.get_history(SID)] == ["[甲(20001)] a\ufffdb"]
+    finally:
+        await store.close()
+
+
 # ---- MEMSUM_DB_URL -------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "bad",

@@ -462,8 +462,9 @@ class CompressionService:
                 platform_type=entry.platform_type,
             )
             compress_at = await self.compress_at(session_id, entry.platform, entry.platform_type)
-            backoff = self._backoff.get(session_id, Backoff()).on_judged_turn()
-            self._backoff[session_id] = backoff
+            backoff = await self._set_backoff(
+                session_id, (await self._backoff_of(session_id)).on_judged_turn()
+            )
             if compression_due(facts, compress_at, "silent") and backoff.may_run():
                 await self._start_background(session_id)
         finally:
@@ -493,14 +494,13 @@ class CompressionService:
         self._runs[session_id] = run
         started = time.perf_counter()
         try:
-            await self._mark_due(session_id, clock.now())  # a manual run resumes after a crash too
-            result = await self._run_inner(session_id, run)
-        except CompressionError as err:
-            if str(err) != STOPPED:  # a stopped run resumes at the next start
-                await self._unmark_due(session_id)
-            raise
-        else:
-            await self._unmark_due(session_id)
+            # R-PROG-3 across processes: one run per session among all processes on one
+            # database (PostgreSQL), held until the run ends, freed if this process dies.
+            async with self.store.exclusive(session_id) as mine:
+                if not mine:  # skipped in the background (no failure), refused when manual
+                    logger.debug(f"memsum: {session_id} is being compressed by another process")
+                    raise CompressionCancelled(BUSY)
+                result = await self._marked_run(session_id, run)
         finally:
             self._runs.pop(session_id, None)
             run.finished.set()
@@ -510,6 +510,19 @@ class CompressionService:
                 f" {result.archived} archived, {result.kept_messages} kept,"
                 f" tokens {result.tokens_before} -> {result.tokens_after}"
             )
+        return result
+
+    async def _marked_run(self, session_id: str, run: _Run) -> CompressionResult:
+        """The run, marked as due while it lasts: a crash leaves the mark, and the next start
+        queues it again."""
+        try:
+            await self._mark_due(session_id, clock.now())  # a manual run resumes after a crash too
+            result = await self._run_inner(session_id, run)
+        except CompressionError as err:
+            if str(err) != STOPPED:  # a stopped run resumes at the next start
+                await self._unmark_due(session_id)
+            raise
+        await self._unmark_due(session_id)
         return result
 
     async def _run_inner(self, session_id: str, run: _Run) -> CompressionResult:
@@ -769,31 +782,36 @@ class CompressionService:
 
     # ---- what survives a restart ------------------------------------------------------------
     async def _usage(self, session_id: str) -> UsageEvent | None:
-        """The latest usage: this process's, else the one stored before a restart."""
-        usage = self._latest_usage.get(session_id)
+        """The latest usage: this process's, else the one stored before a restart; with
+        other processes on the database (store.shared), the stored one: the latest turn
+        may have been another process's."""
+        usage = None if self.store.shared else self._latest_usage.get(session_id)
         if usage is None:
             stored = await self.store.get_meta(USAGE_NAMESPACE, session_id)
             try:
                 usage = UsageEvent(**stored) if stored else None
             except TypeError:  # written by a version with other fields: no usage then
                 usage = None
-            if usage is not None:
+            if usage is None:
+                usage = self._latest_usage.get(session_id)
+            elif not self.store.shared:
                 self._latest_usage.setdefault(session_id, usage)
         return usage
 
     async def _backoff_of(self, session_id: str) -> Backoff:
-        backoff = self._backoff.get(session_id)
+        """The session's back-off: remembered here, read from the store the first time; with
+        other processes on the database (store.shared) read every time, so a process taking
+        a session over continues where the other left it (R-BACK-3)."""
+        backoff = None if self.store.shared else self._backoff.get(session_id)
         if backoff is None:
             stored = await self.store.get_meta(BACKOFF_NAMESPACE, session_id) or {}
-            backoff = self._backoff.setdefault(
-                session_id,
-                Backoff(int(stored.get("failures", 0)), int(stored.get("turns_waited", 0))),
-            )
+            backoff = Backoff(int(stored.get("failures", 0)), int(stored.get("turns_waited", 0)))
+            self._backoff[session_id] = backoff
         return backoff
 
     async def _set_backoff(self, session_id: str, backoff: Backoff) -> Backoff:
         """Remember the back-off here and in the store; a fresh one is deleted there."""
-        if self._backoff.get(session_id) == backoff:
+        if self._backoff.get(session_id) == backoff and not self.store.shared:  # another process may differ
             return backoff
         self._backoff[session_id] = backoff
         if backoff.failures:

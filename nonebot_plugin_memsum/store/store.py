@@ -417,10 +417,8 @@ class Tx:
         by_id = {row[0]: _message_from_row(row) for row in rows}
         near: list[list[tuple[Any, ...]]] = [[] for _ in range(2 * len(ranked))]
         if context > 0:
-            params = [(query.session_id, i, wm, context) for _, i in ranked for _ in range(4)]
-            for row in await self._fetch(
-                search.neighbours(_MESSAGE_COLUMNS, len(ranked)), tuple(p for part in params for p in part)
-            ):
+            hits = [i for _, i in ranked]
+            for row in await db.neighbours(_MESSAGE_COLUMNS, query.session_id, hits, wm, context):
                 near[row[0]].append(row[1:])
 
         def closest(k: int) -> tuple[Message, ...]:

@@ -1,5 +1,5 @@
 """What the end-to-end tests share: bot.py started with the OneBot simulator connected,
-and the bot's log and SQLite file read while it runs.
+and the bot's log and database (SQLite file or PostgreSQL) read while it runs.
 
 Every wait here is a bound on waiting, never an assertion on speed.
 """
@@ -92,6 +92,10 @@ def _query(db: Path, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]
         return conn.execute(sql, params).fetchall()
 
 
-async def query(db: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    """Rows of the bot's database, read off the event loop."""
+async def query(db: Path | str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    """Rows of the bot's database (a SQLite file, read off the event loop, or a PostgreSQL URL)."""
+    if isinstance(db, str):
+        from tests.fakes.pgdb import raw
+
+        return await raw(db, sql, params)
     return await asyncio.to_thread(_query, db, sql, params)

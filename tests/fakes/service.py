@@ -171,6 +171,7 @@ class Make(Protocol):
         chat: dict[str, Any] | None = None,
         summary: dict[str, Any] | None = None,
         models: Callable[[ScriptedLLM], list[dict[str, Any]]] | None = None,
+        location: Path | str | None = None,
         **config: Any,
     ) -> Awaitable[Env]: ...
 
