@@ -173,7 +173,7 @@ async def bench_compare(url: str, n: int) -> None:
         rows = await conn.fetch(sql, arg)
         words = search_mod.query_words(arg if "%" not in arg else arg.strip("%"))
         scored = sorted(
-            ((search_mod.relevance(words, "user", r[1]), r[0]) for r in rows), key=lambda s: (-s[0], -s[1])
+            ((pg_search.relevance(words, "user", r[1]), r[0]) for r in rows), key=lambda s: (-s[0], -s[1])
         )
         return [i for _, i in scored[:10]]
 

@@ -9,6 +9,7 @@ Messages are stored through `Store.append` (the path OneBot recording takes), la
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -34,9 +35,9 @@ from nonebot_plugin_memsum.agent.tools import ToolContext, ToolRegistry
 from nonebot_plugin_memsum.commands import parse_recall
 from nonebot_plugin_memsum.llm.tokens import estimate_text_tokens
 from nonebot_plugin_memsum.runtime import keep_search_index
-from nonebot_plugin_memsum.store import SearchHit, SearchQuery, Store
+from nonebot_plugin_memsum.store import SearchHit, SearchQuery, Store, pg_search
 from nonebot_plugin_memsum.store import search as search_mod
-from nonebot_plugin_memsum.store.migrations import MIGRATIONS, migrate
+from nonebot_plugin_memsum.store.migrations import MIGRATIONS, Migration, migrate
 from nonebot_plugin_memsum.types import Message, ToolCall
 from tests.fakes.logs import captured
 from tests.fakes.pgdb import raw
@@ -226,13 +227,16 @@ async def test_archived_messages_stay_findable_after_compression(store: Store) -
     assert await find(store, GROUP, "周末") == [stored[0].content]  # a kept original
 
 
-async def _index_rows(location: Path | str) -> list[int]:
-    """Ids of the index's rows holding 提取码 (not the answers of a search: the index itself)."""
+async def _index_rows(location: Path | str, session: str, word: str) -> list[int]:
+    """Ids of the index's rows holding a word of the session (not the answers of a search:
+    the index itself)."""
     if isinstance(location, Path):
-        sql = """SELECT rowid FROM search_index WHERE search_index MATCH '"提取 取码"'"""
+        match = search_mod.match_expression(word, search_mod.scope(session))
+        sql = "SELECT rowid FROM search_index WHERE search_index MATCH ?"
     else:
-        sql = "SELECT id FROM search_index WHERE doc @@ CAST('提取 <-> 取码' AS tsquery)"
-    return [r[0] for r in await raw(location, sql)]
+        match = pg_search.tsquery(SearchQuery(session, word))
+        sql = "SELECT id FROM search_index WHERE doc @@ CAST(? AS tsquery)"
+    return [r[0] for r in await raw(location, sql, (match,))]
 
 
 async def test_cleared_context_is_never_found_again(store: Store) -> None:
@@ -247,7 +251,8 @@ async def test_cleared_context_is_never_found_again(store: Store) -> None:
         assert await find(store, GROUP, word) == []
     assert await find(store, GROUP, "", speaker="20001") == []
     # The rows left the index itself, not only the answers; the other group keeps its own.
-    assert len(await _index_rows(store.location)) == 1
+    assert await _index_rows(store.location, GROUP, "提取码") == []
+    assert len(await _index_rows(store.location, OTHER, "提取码")) == 1
     assert len(await find(store, OTHER, "提取码")) == 1
 
     later = await store.append(GROUP, said("阿强", 20002, "新的提取码是 q1w2"))
@@ -261,11 +266,49 @@ async def test_a_deleted_session_is_never_found_again(store: Store) -> None:
     await seed(store, OTHER)
     await find(store, GROUP, "提取码")  # indexed now
     await store.delete_session(GROUP)
-    assert len(await _index_rows(store.location)) == 1  # only the other group's row is left
+    assert await _index_rows(store.location, GROUP, "提取码") == []  # only the other group's row is left
+    assert len(await _index_rows(store.location, OTHER, "提取码")) == 1
     assert await find(store, GROUP, "提取码") == []
     again = await store.append(GROUP, said("阿强", 20002, "重新开始：提取码 n3w1"))
     assert await find(store, GROUP, "提取码") == [again.content]
     assert len(await find(store, OTHER, "提取码")) == 1
+
+
+async def test_a_context_cleared_before_it_was_indexed_never_enters_the_index(store: Store) -> None:
+    # Cleared before SQLite's background batch ran: nothing of it is indexed later, and
+    # nothing was indexed before (the batches alone index SQLite, not the write itself).
+    await seed(store)
+    await store.clear(GROUP, "context")
+    await seed(store, OTHER)
+    while await store.index_search() is not None:
+        pass
+    assert await _index_rows(store.location, GROUP, "提取码") == []
+    assert await _index_rows(store.location, GROUP, "周末") == []
+    assert await find(store, GROUP, "链接") == []
+    assert len(await find(store, OTHER, "链接")) == 2
+    if isinstance(store.location, Path):
+        await raw(store.location, "INSERT INTO search_index (search_index) VALUES ('integrity-check')")
+
+
+async def test_sessions_sharing_a_scope_still_never_see_each_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SQLite: two sessions whose scope hashes collide share posting lists, never answers:
+    # the statement re-checks the session (and the cleared watermark) on the message row.
+    monkeypatch.setattr(search_mod, "scope", lambda session_id: "0" * search_mod.SCOPE_DIGITS)
+    store = Store(tmp_path / "memsum.db")
+    await store.open()
+    try:
+        mine = await seed(store, GROUP)
+        await seed(store, OTHER)
+        assert await find(store, GROUP, "提取码") == [mine[1].content]
+        [hit] = await store.search(SearchQuery(GROUP, "提取码"), context=3)
+        assert all(m.id in {x.id for x in mine} for m in (*hit.before, *hit.after))
+        await store.clear(OTHER, "context")
+        assert await find(store, GROUP, "提取码") == [mine[1].content]
+        assert await find(store, OTHER, "提取码") == []
+    finally:
+        await store.close()
 
 
 # ---- the recall tool --------------------------------------------------------------------
@@ -364,11 +407,15 @@ def test_recall_command_arguments() -> None:
 
 
 # ---- the upgrade ---------------------------------------------------------------------------
+def _before(suffix: str) -> tuple[Migration, ...]:
+    """The migrations a version had before the one whose name ends with `suffix`."""
+    return MIGRATIONS[: MIGRATIONS.index(next(m for m in MIGRATIONS if m.__name__.endswith(suffix)))]
+
+
 async def _old_database(path: Path, rows: list[tuple[str, str, str, str, float]]) -> None:
     """A file exactly as the version before the search index left it."""
-    before = MIGRATIONS[: MIGRATIONS.index(next(m for m in MIGRATIONS if m.__name__.endswith("_search")))]
     async with aiosqlite.connect(path, isolation_level=None) as db:
-        await migrate(db, before)
+        await migrate(db, _before("_search"))
         await db.executemany(
             "INSERT INTO messages (session_id, role, content, name, ts) VALUES (?, ?, ?, ?, ?)", rows
         )
@@ -410,9 +457,65 @@ async def test_migration_indexes_an_old_database_in_the_background(tmp_path: Pat
     with sqlite3.connect(path) as conn:
         assert conn.execute("PRAGMA user_version").fetchone() == (len(MIGRATIONS),)
         conn.execute("INSERT INTO search_index (search_index) VALUES ('integrity-check')")
+    assert len(await _index_rows(path, GROUP, "周末")) == 24  # the old tool result was not indexed
+
+
+def _previous_format(
+    row_id: int, session_id: str, body: str, who: str, ts: float
+) -> tuple[int, str, str, str]:
+    """An index row as the version before migration 7 wrote it (store/search.py at commit
+    68bab2e): unscoped terms, and a session term plus a day term in `sess`."""
+    session = "s" + hashlib.blake2b(session_id.encode(), digest_size=8).hexdigest()
+    terms = search_mod.terms
+    return row_id, " ".join(terms(body)), " ".join(terms(who)), f"{session} {session}d{int(ts // DAY)}"
+
+
+async def test_migration_rebuilds_an_index_of_the_previous_format_in_the_background(tmp_path: Path) -> None:
+    path = tmp_path / "v6.db"
+    rows = [(GROUP, "user", f"[甲(1)] 第{i}条 周末爬山", "1", T0 + i) for i in range(23)]
+    rows += [(OTHER, "user", "[乙(2)] 提取码 k8k8", "2", T0 + 30), (GROUP, "tool", "周末", None, T0 + 31)]
+    async with aiosqlite.connect(path, isolation_level=None) as db:  # as the previous version left it
+        await migrate(db, _before("_search_scoped"))
+        await db.executemany(
+            "INSERT INTO messages (session_id, role, content, name, ts) VALUES (?, ?, ?, ?, ?)", rows
+        )
+        await db.executemany(
+            "INSERT INTO search_index (rowid, body, who, sess) VALUES (?, ?, ?, ?)",
+            [
+                _previous_format(i + 1, sid, content.split("] ", 1)[1], content[1:].split("(", 1)[0], ts)
+                for i, (sid, role, content, _, ts) in enumerate(rows)
+                if role == "user"
+            ],
+        )
+        await db.execute("UPDATE search_state SET old_upto = 0, indexed_upto = 25, total_old = 0")
+        await db.execute("INSERT INTO search_cleared (session_id, upto) VALUES (?, 24)", (OTHER,))
+
+    store = Store(path)
+    await store.open()  # the migration drops the old index and records how far; it indexes nothing
+    try:
+        assert await store.search_state() == search_mod.IndexState(25, 25, 25)
+        assert await find(store, GROUP, "周末") == []
+        new = await store.append(GROUP, said("丙", 3, "新消息也说周末"))
+        assert await find(store, GROUP, "周末") == [new.content]  # new messages at once
+        with captured("INFO") as logs:
+            task = asyncio.create_task(keep_search_index(store, batch=10, idle=0.01))
+            await until(lambda: store.search_state(), lambda at: at.old_upto == 0)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        assert [line.strip() for line in logs][:: len(logs) - 1] == [
+            "memsum: indexing 25 older messages for search in the background",
+            "memsum: search index of older messages 100% built",
+        ]
+        assert len(await find(store, GROUP, "周末", limit=100)) == 24
+        assert await find(store, OTHER, "提取码") == []  # cleared in the previous version: stays out
+    finally:
+        await store.close()
+
     with sqlite3.connect(path) as conn:
-        weekend = conn.execute("SELECT rowid FROM search_index WHERE search_index MATCH '周末'").fetchall()
-    assert len(weekend) == 24  # the old tool result was not indexed
+        assert conn.execute("PRAGMA user_version").fetchone() == (len(MIGRATIONS),)
+        conn.execute("INSERT INTO search_index (search_index) VALUES ('integrity-check')")
+    assert len(await _index_rows(path, GROUP, "周末")) == 24
+    assert await _index_rows(path, OTHER, "提取码") == []
 
 
 async def until(read: Callable[[], Awaitable[T]], ok: Callable[[T], bool]) -> None:

@@ -120,25 +120,16 @@ class Db(ABC):
     # ---- the search index (store/search.py, store/pg_search.py) ----
     @abstractmethod
     async def index(self, msg_id: int, session_id: str, msg: Message, ts: float) -> None:
-        """Index a message as it is stored (in the same transaction)."""
+        """A message as it is stored (in the same transaction), for the search index."""
 
     @abstractmethod
     async def forget(self, session_id: str) -> None:
         """Everything the session stored so far leaves the search index for good."""
 
     @abstractmethod
-    async def cleared_upto(self, session_id: str) -> int: ...
-
-    @abstractmethod
-    async def candidates(self, query: search.SearchQuery, watermark: int) -> list[Row] | None:
-        """(id, role, content) of the newest matches; None when the query holds no term."""
-
-    @abstractmethod
-    async def neighbours(
-        self, columns: str, session_id: str, hits: Sequence[int], watermark: int, context: int
-    ) -> list[Row]:
-        """(k, columns...) of up to `context` conversation messages before (k = 2n) and after
-        (k = 2n + 1) the n-th hit, in one statement (`search.neighbours`)."""
+    async def search(self, query: search.SearchQuery, columns: str, context: int) -> list[Row]:
+        """The query's best hits and their neighbours, as (hit id, side, score, *columns) rows:
+        side 0 a hit, −1 and 1 up to `context` conversation messages before and after it."""
 
 
 class SqliteDb(Db):
@@ -216,10 +207,8 @@ class SqliteDb(Db):
         return f"CAST(({ts} + ?) / 86400 AS INTEGER)"  # truncation: times are positive
 
     async def index(self, msg_id: int, session_id: str, msg: Message, ts: float) -> None:
-        if search.indexable(msg.role, msg.event_marker, msg.content):
-            await self.fetch(
-                search.INSERT, (msg_id, *search.document(session_id, msg.role, msg.name, msg.content, ts))
-            )
+        """Nothing: the runtime's background batches index new messages (store/search.py),
+        and a search first indexes what still waits."""
 
     async def forget(self, session_id: str) -> None:
         try:
@@ -227,24 +216,14 @@ class SqliteDb(Db):
         except sqlite3.Error as err:
             raise StoreError(f"store write failed: {err}") from err
 
-    async def cleared_upto(self, session_id: str) -> int:
-        return await search.cleared_upto(self.raw, session_id)
-
-    async def candidates(self, query: search.SearchQuery, watermark: int) -> list[Row] | None:
-        expression = query.expression()
-        if expression is None:
-            return None
-        since, until = _bounds(query)
-        return await self.fetch(
-            search.SELECT_CANDIDATES,
-            (expression, query.session_id, watermark, since, until, search.CANDIDATES),
-        )
-
-    async def neighbours(
-        self, columns: str, session_id: str, hits: Sequence[int], watermark: int, context: int
-    ) -> list[Row]:
-        params = [p for hit in hits for _ in range(4) for p in (session_id, hit, watermark, context)]
-        return await self.fetch(search.neighbours(columns, len(hits)), params)
+    async def search(self, query: search.SearchQuery, columns: str, context: int) -> list[Row]:
+        statement = search.search_statement(query, columns, context)
+        if statement is None:
+            return []
+        try:
+            return cast(list[Row], list(await self.raw.execute_fetchall(*statement)))
+        except sqlite3.Error as err:
+            raise StoreError(f"store query failed: {err}") from err
 
 
 def _bounds(query: search.SearchQuery) -> tuple[float, float]:
@@ -408,27 +387,41 @@ class PostgresDb(Db):
         await self.fetch(pg_search.FORGET, (session_id,))
         await self.fetch(pg_search.MARK_CLEARED, (session_id, session_id))
 
-    async def cleared_upto(self, session_id: str) -> int:
-        rows = await self.fetch("SELECT upto FROM search_cleared WHERE session_id = ?", (session_id,))
-        return int(rows[0][0]) if rows else 0
-
-    async def candidates(self, query: search.SearchQuery, watermark: int) -> list[Row] | None:
+    async def search(self, query: search.SearchQuery, columns: str, context: int) -> list[Row]:
+        """The newest CANDIDATES matches ranked in Python (`pg_search.relevance`), then the
+        hits' rows and their neighbours."""
         expression = pg_search.tsquery(query)
-        if expression is None:
-            return None
+        if expression is None or query.limit <= 0:
+            return []
+        rows = await self.fetch("SELECT upto FROM search_cleared WHERE session_id = ?", (query.session_id,))
+        wm = int(rows[0][0]) if rows else 0
         since, until = _bounds(query)
-        return await self.fetch(
-            pg_search.SELECT_CANDIDATES,
-            (expression, query.session_id, watermark, since, until, search.CANDIDATES),
+        found = await self.fetch(
+            pg_search.SELECT_CANDIDATES, (expression, query.session_id, wm, since, until, search.CANDIDATES)
         )
-
-    async def neighbours(
-        self, columns: str, session_id: str, hits: Sequence[int], watermark: int, context: int
-    ) -> list[Row]:
-        # One statement whatever the number of hits (an array), so it is planned once.
-        return await self.fetch(
-            pg_search.neighbours(columns), (list(hits), *[session_id, watermark, context] * 4)
-        )
+        words = search.query_words(query.text)
+        ranked = sorted(
+            ((pg_search.relevance(words, role, content), msg_id) for msg_id, role, content in found),
+            key=lambda sc: (-sc[0], -sc[1]),
+        )[: query.limit]
+        if not ranked:
+            return []
+        marks = ",".join("?" * len(ranked))
+        by_id = {
+            row[0]: row
+            for row in await self.fetch(
+                f"SELECT {columns} FROM messages WHERE id IN ({marks})", tuple(i for _, i in ranked)
+            )
+        }
+        out: list[Row] = [(i, 0, score, *by_id[i]) for score, i in ranked]
+        if context > 0:
+            # One statement whatever the number of hits (an array), so it is planned once.
+            for row in await self.fetch(
+                pg_search.neighbours(columns),
+                ([i for _, i in ranked], *[query.session_id, wm, context] * 4),
+            ):
+                out.append((ranked[row[0] // 2][1], 1 if row[0] % 2 else -1, None, *row[1:]))
+        return out
 
 
 async def connect(location: Location) -> Db:

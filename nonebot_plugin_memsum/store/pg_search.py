@@ -19,6 +19,10 @@ writing, ids commit out of order, so a batch watermark as on SQLite would skip r
 
 from __future__ import annotations
 
+import hashlib
+import unicodedata
+from collections.abc import Sequence
+
 from . import search
 
 MAX_POSITION = 16383
@@ -40,11 +44,17 @@ SELECT_CANDIDATES = (
 """The newest matches, re-checked against the session, the cleared watermark and the time."""
 
 
+def session_term(session_id: str) -> str:
+    """One index term standing for the session (a hash: session ids contain separators)."""
+    return "s" + hashlib.blake2b(session_id.encode(), digest_size=8).hexdigest()
+
+
 def neighbours(columns: str) -> str:
-    """`search.neighbours` for PostgreSQL: the hits as an array (the first `?`), each joined
-    laterally to its four index ranges of (session_id, archived, id), so the statement is the
-    same for any number of hits and planned once (40 unions planned per call cost more than
-    the whole search). Parameters after the array, per part: session id, watermark, N."""
+    """For each hit, up to N conversation messages of the session before and after it: the
+    hits as an array (the first `?`), each joined laterally to its four index ranges of
+    (session_id, archived, id), so the statement is the same for any number of hits and
+    planned once (40 unions planned per call cost more than the whole search). Parameters
+    after the array, per part: session id, watermark, N."""
     cols = ", ".join(f"n.{c}" for c in columns.split(", "))
     parts = []
     for after, (op, order) in enumerate((("<", "DESC"), (">", "ASC"))):
@@ -68,12 +78,14 @@ def _quote(term: str) -> str:
 
 def document(session_id: str, role: str, name: str | None, content: str, ts: float) -> str:
     """The tsvector literal of a message: text terms, then the speaker's (C), then the session's (B)."""
-    body, who, sess = search.document(session_id, role, name, content, ts)
+    body, who = search.document_terms(role, name, content)
+    session = session_term(session_id)
+    sess = [session, search.day_term(session, ts)]
     parts: list[str] = []
     pos = 0
     for terms, weight in ((body, ""), (who, "C"), (sess, "B")):
         pos += 1  # a gap: no phrase runs from one part into the next
-        kept = terms.split()[: MAX_POSITION - 64] if weight == "" else terms.split()
+        kept = terms[: MAX_POSITION - 64] if weight == "" else terms
         for term in kept:
             pos += 1
             parts.append(f"{_quote(term)}:{min(pos, MAX_POSITION)}{weight}")
@@ -102,10 +114,24 @@ def tsquery(query: search.SearchQuery) -> str | None:
         parts += _words(query.speaker, "C")
     if not parts:
         return None
-    session = search.session_term(query.session_id)
+    session = session_term(query.session_id)
     days = query._days()
     if days is not None:
         parts.append(
             "(" + " | ".join(f"{_quote(search.day_term(session, d * search.DAY))}:B" for d in days) + ")"
         )
     return " & ".join([*parts, f"{_quote(session)}:B"])
+
+
+def _tf(count: int) -> float:
+    return count * (search.BM25_K1 + 1) / (count + search.BM25_K1)  # bm25's saturation
+
+
+def relevance(words: Sequence[str], role: str, content: str) -> float:
+    """How well a candidate matches the query words (higher is better): the ranking SQLite's
+    statement computes (`search.search_statement`: each word's count saturated as bm25
+    does, summed, times the length prior), here in Python over the candidates' texts."""
+    body = search.split_label(content)[2] if role == "user" else content
+    norm = unicodedata.normalize("NFKC", body).lower()
+    prior = min(len(norm), search.PRIOR_CHARS) / search.PRIOR_CHARS
+    return sum(_tf(max(1, norm.count(w))) for w in words) * prior

@@ -183,6 +183,13 @@ async def _m006_crash_recovery(db: PostgresDb) -> None:
     )
 
 
+async def _m007_search_scoped(db: PostgresDb) -> None:
+    # SQLite's FTS5 index took session-scoped terms (store/migrations.py); the tsvector
+    # index keeps its session term (weight B), so nothing changes here: the step keeps the
+    # two engines' versions numbered alike.
+    del db
+
+
 PG_MIGRATIONS: tuple[PgMigration, ...] = (
     _m001_initial,
     _m002_message_tokens,
@@ -190,6 +197,7 @@ PG_MIGRATIONS: tuple[PgMigration, ...] = (
     _m004_search,
     _m005_compressions,
     _m006_crash_recovery,
+    _m007_search_scoped,
 )
 
 

@@ -14,10 +14,13 @@ FTS5 table that only splits on the spaces we put in (`unicode61`):
 Why this and not FTS5's `trigram` tokenizer or a segmenter: README, "Recall", and
 bench/bench_recall.py, which measures the three.
 
-The FTS table is contentless (`content=''`): the messages table already holds the
-text, so the index holds terms and positions only. Columns: `body` (the text without
-its `[昵称(ID)]` label), `who` (the speaker: label name and QQ number, 助手, 通知) and
-`sess` (one term naming the session, so the session filter is part of the FTS match).
+The FTS table is contentless (`content=''`, `columnsize=0`): the messages table already
+holds the text, so the index holds terms and positions only. Columns: `body` (the text
+without its `[昵称(ID)]` label), `who` (the speaker: label name and QQ number, 助手, 通知)
+and `day` (the UTC day it was said). Every term starts with its session's scope (`scope`,
+ten hex digits): a word's posting list is the session's own, so the session filter costs
+nothing. (The first version had one session term per row instead; intersecting that list,
+as long as the session, with the word's took 2 to 35 ms of a query on a million messages.)
 Only conversation text is indexed: user, assistant and notice messages. Tool results
 are not: a `recall` result quotes old messages, and indexing it would make every later
 search find its own echo.
@@ -32,10 +35,12 @@ event loop. Archiving changes nothing (archived rows stay searchable). A clear o
 context calls `forget` in the same transaction: the session's indexed rows leave the
 index and a watermark marks everything up to then as cleared, so nothing cleared is
 ever returned or indexed later. A database from before the index is indexed the same
-way, newest first, in the background (the migration only records how far).
+way, newest first, in the background (the migration only records how far); so is one
+whose index has an older format (migration 7).
 
 The term rules are part of the file format: a contentless FTS5 row is deleted by
-re-deriving its terms, so changing `terms()` needs a migration that rebuilds the index.
+re-deriving its terms, so changing `terms()` or `document()` needs a migration that
+rebuilds the index.
 """
 
 from __future__ import annotations
@@ -55,12 +60,17 @@ from nonebot_plugin_memsum.types import Message
 
 SEARCH_ROLES = ("user", "assistant", "notice")
 """The roles whose messages are indexed (conversation text; not tool results)."""
-CANDIDATES = 1000
-"""Matches ranked per query, the newest: bounds the time a frequent word takes."""
+CANDIDATES = 500
+"""Matches ranked per query, the newest: bounds the time a frequent word takes. Each costs
+a read of its message row (about 3 µs of CPU on a million messages); 1,000, 500 and 300
+gave the same quality on the seeded logs (bench/README.md), 500 leaves room."""
 BM25_K1 = 1.2
 PRIOR_CHARS = 60
 DAY = 86400.0
 MAX_DAY_TERMS = 62
+SCOPE_DIGITS = 10
+"""Hex digits of a session's scope (40 bits): two sessions sharing one only share posting
+lists, never answers (the query re-checks the session on the message row)."""
 
 _CJK_CHARS = (
     "\u3040-\u30ff"  # kana
@@ -118,32 +128,33 @@ def phrase_terms(word: str) -> tuple[list[str], bool] | None:
     return out, prefix
 
 
-def _phrase(word: str) -> str | None:
-    """One query word as an FTS5 phrase (`phrase_terms`)."""
+def _phrase(word: str, scope: str) -> str | None:
+    """One query word as an FTS5 phrase (`phrase_terms`), each term in the session's scope."""
     found = phrase_terms(word)
     if found is None:
         return None
     out, prefix = found
-    return '"' + " ".join(out) + '"' + ("*" if prefix else "")
+    return '"' + " ".join(scope + t for t in out) + '"' + ("*" if prefix else "")
 
 
-def match_expression(query: str) -> str | None:
-    """Every whitespace-separated word of `query` must occur (each as a phrase); None when
-    the query holds nothing searchable (only punctuation, emoji, blanks)."""
-    phrases = [p for w in query.split() if (p := _phrase(w)) is not None]
+def match_expression(query: str, scope: str = "") -> str | None:
+    """Every whitespace-separated word of `query` must occur (each as a phrase of terms in
+    `scope`); None when the query holds nothing searchable (only punctuation, emoji, blanks)."""
+    phrases = [p for w in query.split() if (p := _phrase(w, scope)) is not None]
     return " AND ".join(phrases) if phrases else None
 
 
-def session_term(session_id: str) -> str:
-    """One index term standing for the session (a hash: session ids contain separators)."""
-    return "s" + hashlib.blake2b(session_id.encode(), digest_size=8).hexdigest()
+def scope(session_id: str) -> str:
+    """What every index term of the session starts with (a hash: session ids contain
+    separators, and unicode61 joins letters and digits into one token with the term)."""
+    return hashlib.blake2b(session_id.encode(), digest_size=SCOPE_DIGITS // 2).hexdigest()
 
 
-def day_term(session: str, ts: float) -> str:
+def day_term(scope: str, ts: float) -> str:
     """One index term for the session's messages of one UTC day: a time filter of a few days
     becomes part of the FTS match, so a frequent word in an old week is found without
     walking every newer match. UTC, so a change of the server's time zone changes nothing."""
-    return f"{session}d{math.floor(ts / DAY)}"
+    return f"{scope}d{math.floor(ts / DAY)}"
 
 
 def split_label(content: str) -> tuple[str | None, str | None, str]:
@@ -167,19 +178,24 @@ def indexable(role: str, event_marker: int | bool, content: str) -> bool:
     return role in SEARCH_ROLES and not event_marker and bool(content.strip())
 
 
-def document(session_id: str, role: str, name: str | None, content: str, ts: float) -> tuple[str, str, str]:
-    """(body, who, sess) as the index stores them."""
+def document_terms(role: str, name: str | None, content: str) -> tuple[list[str], list[str]]:
+    """The terms of what was said (the text without its label) and of who said it (label
+    name and QQ number, 助手, 通知); both engines index these."""
     if role == "user":
         nick, qq, body = split_label(content)
-        who = terms(f"{nick or ''} {qq or name or ''}")
-    else:
-        body, who = content, terms(_SPEAKER_WORDS.get(role, role))
-    session = session_term(session_id)
-    return " ".join(terms(body)), " ".join(who), f"{session} {day_term(session, ts)}"
+        return terms(body), terms(f"{nick or ''} {qq or name or ''}")
+    return terms(content), terms(_SPEAKER_WORDS.get(role, role))
+
+
+def document(session_id: str, role: str, name: str | None, content: str, ts: float) -> tuple[str, str, str]:
+    """(body, who, day) as the FTS5 index stores them, every term in the session's scope."""
+    body, who = document_terms(role, name, content)
+    at = scope(session_id)
+    return " ".join(at + t for t in body), " ".join(at + t for t in who), day_term(at, ts)
 
 
 def documents(rows: Iterable[Sequence[Any]]) -> list[tuple[int, str, str, str]]:
-    """(id, body, who, sess) of the indexable rows among (id, session_id, role, name,
+    """(id, body, who, day) of the indexable rows among (id, session_id, role, name,
     content, event_marker, ts); pure, so the backfill runs it off the event loop."""
     return [(r[0], *document(r[1], r[2], r[3], r[4], r[6])) for r in rows if indexable(r[2], r[5], r[4])]
 
@@ -187,7 +203,7 @@ def documents(rows: Iterable[Sequence[Any]]) -> list[tuple[int, str, str, str]]:
 # ---- the query ----------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class SearchHit:
-    """One matching message, its relevance (higher is better, see `relevance`) and its neighbours."""
+    """One matching message, its relevance (higher is better, see `search_statement`) and its neighbours."""
 
     message: Message
     score: float
@@ -208,18 +224,18 @@ class SearchQuery:
 
     def expression(self) -> str | None:
         """The FTS5 match, or None when neither the text nor the speaker holds a term."""
+        at = scope(self.session_id)
         parts: list[str] = []
-        if (text := match_expression(self.text)) is not None:
+        if (text := match_expression(self.text, at)) is not None:
             parts.append(f"body : ({text})")
-        if self.speaker is not None and (who := match_expression(self.speaker)) is not None:
+        if self.speaker is not None and (who := match_expression(self.speaker, at)) is not None:
             parts.append(f"who : ({who})")
         if not parts:
             return None
-        session = session_term(self.session_id)
         days = self._days()
         if days is not None:
-            parts.append("sess : (" + " OR ".join(day_term(session, d * DAY) for d in days) + ")")
-        return " AND ".join([*parts, f"sess : {session}"])
+            parts.append("day : (" + " OR ".join(day_term(at, d * DAY) for d in days) + ")")
+        return " AND ".join(parts)
 
     def _days(self) -> range | None:
         """The UTC days a short time range touches (None: no range, or a long one, which the
@@ -230,61 +246,90 @@ class SearchQuery:
         return range(first, last + 1) if last - first < MAX_DAY_TERMS else None
 
 
-SELECT_CANDIDATES = (
-    "SELECT m.id, m.role, m.content FROM search_index JOIN messages m ON m.id = search_index.rowid"
-    " WHERE search_index MATCH ? AND m.session_id = ? AND m.id > ? AND m.ts >= ? AND m.ts < ?"
-    " ORDER BY search_index.rowid DESC LIMIT ?"
+_BODY = (
+    "lower(CASE WHEN m.role = 'user' AND m.content GLOB '[[]*([0-9]*)]*'"
+    " THEN ltrim(substr(m.content, instr(m.content, ']') + 1), ' ') ELSE m.content END)"
 )
-"""The newest matches: FTS5 walks its index newest first and stops at the limit, so a
-frequent word costs what a rare one does. The join re-checks the session, the cleared
-watermark and the time, so a row of another session or a cleared one never comes back,
-even from a stale index."""
+"""A message's text without its `[昵称(ID)]` label (the first `]` closes it: a label's name
+holds none), lower-cased as SQLite does it (ASCII letters; the query words are NFKC and
+lower-cased, so a full-width or non-ASCII capital in the text counts as one occurrence)."""
+_CLEARED = "COALESCE((SELECT upto FROM search_cleared WHERE session_id = :session), 0)"
 
 
-def _tf(count: int) -> float:
-    return count * (BM25_K1 + 1) / (count + BM25_K1)  # bm25's saturation: the 3rd time adds less
+def query_words(text: str) -> list[str]:
+    """The query's words as the ranking counts them (normalised as the index's terms are)."""
+    return [unicodedata.normalize("NFKC", w).lower() for w in text.split() if _runs(w)]
 
 
-def relevance(words: Sequence[str], role: str, content: str) -> float:
-    """How well a message matches the query words (higher is better): each word's count,
-    saturated as bm25 does, times a length prior.
+def search_statement(query: SearchQuery, columns: str, context: int = 0) -> tuple[str, dict[str, Any]] | None:
+    """The one statement (one trip to the database thread) that answers `query`: rows of
+    (hit id, side, score, *columns of the message), side 0 for a hit itself, −1 and 1 for
+    up to `context` conversation messages of the session before and after it; None when the
+    query holds nothing to search.
 
-    Not FTS5's bm25(): it counts every match of every term of the query to weigh the terms
-    (idf), which for a frequent word in a session of a million messages costs more than the
-    whole query may; every word must occur anyway, so idf would only reweight repeats.
+    The hits: the newest CANDIDATES matches (FTS5 walks its index newest first and stops
+    there, so a frequent word costs what a rare one does), ranked inside SQLite by each
+    word's count in the text, saturated as bm25 does (the 3rd time adds less), summed, times
+    a length prior, then the newest first. The join re-checks the session, the cleared
+    watermark and the time, so a row of another session (or scope) or a cleared one never
+    comes back, even from a stale index.
+
+    Not FTS5's bm25(): its idf counts every match of every term of the query, which for a
+    frequent word in a session of a million messages costs more than the whole query may;
+    every word must occur anyway, so idf would only reweight repeats. Not in Python: reading
+    and counting a thousand texts there took twice as long (bench/README.md).
 
     The prior (pivoted length normalisation, Singhal, Buckley & Mitra, SIGIR 1996: longer
     documents are more often relevant than length normalisation credits): in a group chat
     the message holding the information (the link, the date, the announcement) is longer
     than the reactions that repeat its words ("链接呢？"). It grows with the length up to
-    PRIOR_CHARS characters and stays flat after."""
-    body = split_label(content)[2] if role == "user" else content
-    norm = unicodedata.normalize("NFKC", body).lower()
-    prior = min(len(norm), PRIOR_CHARS) / PRIOR_CHARS
-    return sum(_tf(max(1, norm.count(w))) for w in words) * prior
+    PRIOR_CHARS characters and stays flat after.
 
-
-def query_words(text: str) -> list[str]:
-    """The query's words as `relevance` counts them (normalised as the text is)."""
-    return [unicodedata.normalize("NFKC", w).lower() for w in text.split() if _runs(w)]
-
-
-def neighbours(columns: str, hits: int) -> str:
-    """For each of `hits` ids, up to N conversation messages of the session before it and
-    after it, not cleared, in one statement (one trip to the database thread); every part
-    is an index range of (session_id, archived, id), tagged `k` = 2 × hit + (0 before, 1 after).
-    Parameters per part: session id, the hit's id, the cleared watermark, N."""
-    parts = []
-    for k in range(2 * hits):
-        op, order = (">", "ASC") if k % 2 else ("<", "DESC")
+    The neighbours: for each hit, a correlated range of the index (session_id, archived,
+    id) per side and archived value, newest-first before it and oldest-first after it."""
+    expression = query.expression()
+    if expression is None or query.limit <= 0:
+        return None
+    words = query_words(query.text)
+    # bm25's saturation c·(k1 + 1)/(c + k1), written with c once: SQLite copies a column's
+    # expression wherever it is used, so each count is taken once per row.
+    tf = " + ".join(
+        f"{BM25_K1 + 1:g} - {BM25_K1 * (BM25_K1 + 1):g}"
+        f" / (max(1, (length(b) - length(replace(b, :w{i}, ''))) / length(:w{i})) + {BM25_K1:g})"
+        for i in range(len(words))
+    )
+    m_columns = ", ".join("m." + c.strip() for c in columns.split(","))
+    parts = [
+        f"SELECT ranked.id, 0, ranked.score, {m_columns} FROM ranked JOIN messages m ON m.id = ranked.id"
+    ]
+    for side, op, order in ((-1, "<", "DESC"), (1, ">", "ASC")) if context > 0 else ():
         for archived in (0, 1):
             parts.append(
-                f"SELECT * FROM (SELECT {k} AS k, {columns} FROM messages WHERE session_id = ?"
-                f" AND archived = {archived} AND id {op} ? AND id > ? AND event_marker = 0"
-                f" AND role IN {SEARCH_ROLES!r} AND trim(content) != '' ORDER BY id {order} LIMIT ?)"
-                f" AS n{k}_{archived}"
+                f"SELECT ranked.id, {side}, NULL, {m_columns} FROM ranked JOIN messages m ON m.id IN"
+                f" (SELECT id FROM messages WHERE session_id = :session AND archived = {archived}"
+                f" AND id {op} ranked.id AND id > {_CLEARED} AND event_marker = 0"
+                f" AND role IN {SEARCH_ROLES!r} AND trim(content) != '' ORDER BY id {order} LIMIT :context)"
             )
-    return " UNION ALL ".join(parts)
+    sql = (
+        f"WITH found AS (SELECT m.id, {_BODY} AS b"
+        " FROM search_index JOIN messages m ON m.id = search_index.rowid WHERE search_index MATCH :match"
+        f" AND m.session_id = :session AND m.id > {_CLEARED}"
+        " AND m.ts >= :since AND m.ts < :until ORDER BY search_index.rowid DESC LIMIT :candidates),"
+        f" ranked AS (SELECT id, ({tf or 0}) * min(length(b), {PRIOR_CHARS}) / {float(PRIOR_CHARS)} AS score"
+        " FROM found ORDER BY score DESC, id DESC LIMIT :limit) " + " UNION ALL ".join(parts)
+    )
+    params: dict[str, Any] = {
+        "match": expression,
+        "session": query.session_id,
+        "since": -math.inf if query.since is None else query.since,
+        "until": math.inf if query.until is None else query.until,
+        # Without words every match scores the same: the newest are the best.
+        "candidates": CANDIDATES if words else query.limit,
+        "limit": query.limit,
+        "context": context,
+    }
+    params.update({f"w{i}": w for i, w in enumerate(words)})
+    return sql, params
 
 
 async def cleared_upto(db: aiosqlite.Connection, session_id: str) -> int:
@@ -294,7 +339,7 @@ async def cleared_upto(db: aiosqlite.Connection, session_id: str) -> int:
 
 
 # ---- keeping it in step -------------------------------------------------------------
-INSERT = "INSERT INTO search_index (rowid, body, who, sess) VALUES (?, ?, ?, ?)"
+INSERT = "INSERT INTO search_index (rowid, body, who, day) VALUES (?, ?, ?, ?)"
 _DOC_COLUMNS = "id, session_id, role, name, content, event_marker, ts"
 Doc = tuple[int, str, str, str]
 
@@ -329,13 +374,17 @@ async def state(db: aiosqlite.Connection) -> IndexState:
 async def next_batch(db: aiosqlite.Connection, size: int, *, new_only: bool = False) -> Batch | None:
     """The next rows to index: new messages first (oldest of them first), then the backfill
     (newest of the old first, so recent history is searchable soonest)."""
-    at = await state(db)
     rows = await db.execute_fetchall(
-        f"SELECT {_DOC_COLUMNS} FROM messages WHERE id > ? ORDER BY id LIMIT ?", (at.indexed_upto, size)
+        f"SELECT {_DOC_COLUMNS} FROM messages"
+        " WHERE id > (SELECT indexed_upto FROM search_state WHERE id = 1) ORDER BY id LIMIT ?",
+        (size,),
     )
+    if not rows and new_only:
+        return None  # one trip when nothing waits: every search asks first
+    at = await state(db)
     if rows:
         return Batch(True, at.indexed_upto + 1, int(list(rows)[-1][0]), [tuple(r) for r in rows])
-    if new_only or at.old_upto <= 0:
+    if at.old_upto <= 0:
         return None
     low = max(1, at.old_upto - size + 1)
     rows = await db.execute_fetchall(
@@ -373,7 +422,7 @@ async def forget(db: aiosqlite.Connection, session_id: str) -> int:
     docs = await asyncio.to_thread(documents, rows)
     # A contentless FTS5 row is deleted by naming the terms it was indexed with.
     await db.executemany(
-        "INSERT INTO search_index (search_index, rowid, body, who, sess) VALUES ('delete', ?, ?, ?, ?)", docs
+        "INSERT INTO search_index (search_index, rowid, body, who, day) VALUES ('delete', ?, ?, ?, ?)", docs
     )
     await db.execute(
         "INSERT INTO search_cleared (session_id, upto)"

@@ -235,7 +235,7 @@ class Tx:
         ts = msg.ts or clock.now()
         db = self._live()
         new_id = await db.insert(_INSERT_MESSAGE, _message_params(session_id, msg, ts))
-        await db.index(new_id, session_id, msg, ts)  # recall (issue 11): indexed as it is stored
+        await db.index(new_id, session_id, msg, ts)  # recall (issue 11): PostgreSQL only (Db.index)
         stored = replace(msg, id=new_id, ts=ts)
         self._appended.append((session_id, stored))
         return stored
@@ -394,40 +394,25 @@ class Tx:
 
     async def search(self, query: SearchQuery, context: int = 0) -> list[SearchHit]:
         """The session's stored messages (active and archived, never cleared ones) matching
-        `query`, best first (`search.relevance`, then the newest), each with up to `context`
-        conversation messages either side."""
-        if query.limit <= 0:
-            return []
-        db = self._live()
-        wm = await db.cleared_upto(query.session_id)
-        found = await db.candidates(query, wm)
-        if found is None:
-            return []
-        words = search.query_words(query.text)
-        ranked = sorted(
-            ((search.relevance(words, role, content), msg_id) for msg_id, role, content in found),
-            key=lambda sc: (-sc[0], -sc[1]),
-        )[: query.limit]
-        if not ranked:
-            return []
-        marks = ",".join("?" * len(ranked))
-        rows = await self._fetch(
-            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE id IN ({marks})", tuple(i for _, i in ranked)
-        )
-        by_id = {row[0]: _message_from_row(row) for row in rows}
-        near: list[list[tuple[Any, ...]]] = [[] for _ in range(2 * len(ranked))]
-        if context > 0:
-            hits = [i for _, i in ranked]
-            for row in await db.neighbours(_MESSAGE_COLUMNS, query.session_id, hits, wm, context):
-                near[row[0]].append(row[1:])
+        `query`, best first, each with up to `context` conversation messages either side
+        (`Db.search`: one statement on SQLite)."""
+        hits: list[tuple[float, Message]] = []
+        near: dict[tuple[int, int], list[Message]] = {}
+        for row in await self._live().search(query, _MESSAGE_COLUMNS, context):
+            hit_id, side, score, msg = row[0], row[1], row[2], _message_from_row(row[3:])
+            if side == 0:
+                hits.append((float(score), msg))
+            else:
+                near.setdefault((hit_id, side), []).append(msg)
 
-        def closest(k: int) -> tuple[Message, ...]:
-            rows = sorted(near[k], key=lambda r: r[0], reverse=k % 2 == 0)[:context]  # nearest first
-            return tuple(_message_from_row(r) for r in sorted(rows, key=lambda r: r[0]))
+        def closest(hit_id: int, side: int) -> tuple[Message, ...]:
+            # Up to `context` from each of the archived and active ranges: the nearest of both.
+            rows = sorted(near.get((hit_id, side), []), key=lambda m: m.id or 0)
+            return tuple(rows[-context:] if side < 0 else rows[:context])
 
+        hits.sort(key=lambda h: (-h[0], -(h[1].id or 0)))
         return [
-            SearchHit(by_id[msg_id], score, closest(2 * n), closest(2 * n + 1))
-            for n, (score, msg_id) in enumerate(ranked)
+            SearchHit(msg, score, closest(msg.id or 0, -1), closest(msg.id or 0, 1)) for score, msg in hits
         ]
 
     async def get_settings(self, scope: str, scope_key: str) -> dict[str, Any]:
