@@ -1,10 +1,10 @@
 """nonebot-plugin-memsum: LLM chat memory that survives long conversations."""
 
+import sys
+
 from nonebot import get_driver, require
 from nonebot.log import logger
 from nonebot.plugin import PluginMetadata
-
-require("nonebot_plugin_localstore")
 
 from .commands import USAGE, is_memsum_command, register_commands
 from .config import Config, ConfigError, parse_config
@@ -20,39 +20,53 @@ __plugin_meta__ = PluginMetadata(
     supported_adapters={"~onebot.v11"},
 )
 
-try:
-    plugin_config = parse_config(get_driver().config.model_dump())
-except ConfigError as err:
-    # R-CFG-1: a bad value stops start-up; load_plugin would swallow an Exception and
-    # run on without us, so leave with SystemExit (a BaseException).
-    logger.opt(colors=False).critical(f"nonebot-plugin-memsum: {err}")
-    raise SystemExit(2) from None
 
-from nonebot_plugin_localstore import get_plugin_data_file
-
-from . import runtime, web
-from .onebot import register_matchers
-
-_driver = get_driver()
-register_commands(plugin_config)
-register_matchers(plugin_config.memsum_chat_priority, is_memsum_command)
-web.mount(_driver, plugin_config)
-
-
-@_driver.on_startup
-async def _start() -> None:
-    location = plugin_config.store_location(get_plugin_data_file("memsum.db"))
+def _run_as_tool() -> bool:
+    """`python -m nonebot_plugin_memsum.migrate`: Python imports this package before the
+    tool, with no NoneBot initialised (argv[0] is "-m" while it looks for the module); the
+    tool needs none of the plugin's wiring below."""
+    if sys.argv[:1] != ["-m"]:
+        return False
     try:
-        await runtime.start(
-            plugin_config, location, sorted(_driver.config.nickname), set(_driver.config.superusers)
-        )
-    except StoreError as err:
-        # R-CFG-1: a database that cannot be opened stops start-up with one line naming the key.
-        key = "MEMSUM_DB_URL" if plugin_config.memsum_db_url.get_secret_value() else "MEMSUM_DB_PATH"
-        logger.opt(colors=False).critical(f"nonebot-plugin-memsum: {key}: {err}")
+        get_driver()
+    except ValueError:
+        return True
+    return False
+
+
+if not _run_as_tool():
+    require("nonebot_plugin_localstore")
+    try:
+        plugin_config = parse_config(get_driver().config.model_dump())
+    except ConfigError as err:
+        # R-CFG-1: a bad value stops start-up; load_plugin would swallow an Exception and
+        # run on without us, so leave with SystemExit (a BaseException).
+        logger.opt(colors=False).critical(f"nonebot-plugin-memsum: {err}")
         raise SystemExit(2) from None
 
+    from nonebot_plugin_localstore import get_plugin_data_file
 
-@_driver.on_shutdown
-async def _stop() -> None:
-    await runtime.stop()
+    from . import runtime, web
+    from .onebot import register_matchers
+
+    _driver = get_driver()
+    register_commands(plugin_config)
+    register_matchers(plugin_config.memsum_chat_priority, is_memsum_command)
+    web.mount(_driver, plugin_config)
+
+    @_driver.on_startup
+    async def _start() -> None:
+        location = plugin_config.store_location(get_plugin_data_file("memsum.db"))
+        try:
+            await runtime.start(
+                plugin_config, location, sorted(_driver.config.nickname), set(_driver.config.superusers)
+            )
+        except StoreError as err:
+            # R-CFG-1: a database that cannot be opened stops start-up with one line naming the key.
+            key = "MEMSUM_DB_URL" if plugin_config.memsum_db_url.get_secret_value() else "MEMSUM_DB_PATH"
+            logger.opt(colors=False).critical(f"nonebot-plugin-memsum: {key}: {err}")
+            raise SystemExit(2) from None
+
+    @_driver.on_shutdown
+    async def _stop() -> None:
+        await runtime.stop()
