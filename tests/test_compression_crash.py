@@ -4,9 +4,11 @@ compressions), again and again, on the same database file; each start resumes wh
 last one left, as the bot's start-up does.
 
 Two workers share the file (sessions of their own), each killed and restarted in turn,
-so a kill also lands while the other process holds or waits for the write lock. After
-every kill, and at the end:
-- `PRAGMA integrity_check` is ok;
+so a kill also lands while the other process holds or waits for the write lock. The same
+runs on a PostgreSQL database (issue 13; a real server, tests/fakes/pgserver.py), where a
+kill also lands inside a transaction the server must roll back and while a compression
+holds its session's advisory lock. After every kill, and at the end:
+- SQLite: `PRAGMA integrity_check` is ok;
 - no message is lost: every message a worker reported as appended (it reports after the
   commit) is stored exactly once, active or archived, and no platform message id twice in
   a session (a backfill fetches what is stored again);
@@ -21,6 +23,7 @@ every kill, and at the end:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import json
@@ -35,6 +38,12 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
+
+import asyncpg
+import pytest
+
+from nonebot_plugin_memsum.store.engine import _numbered
 
 WORKER = Path(__file__).parent / "fakes" / "crash_worker.py"
 REPO = Path(__file__).resolve().parents[1]
@@ -89,7 +98,7 @@ class Reports:
 class Worker:
     """One worker process; its stdout lines are collected by a thread until EOF."""
 
-    def __init__(self, db: Path, slot: int, log: Path, *mode: str) -> None:
+    def __init__(self, db: Path | str, slot: int, log: Path, *mode: str) -> None:
         self.lines: list[str] = []
         self.ready = threading.Event()
         self._changed = threading.Condition()
@@ -141,7 +150,7 @@ def log_tail(log: Path) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-30:])
 
 
-def lineage(db: Path, slot: int, log: Path, reports: Reports, seed: int) -> None:
+def lineage(db: Path | str, slot: int, log: Path, reports: Reports, seed: int) -> None:
     """Start, kill at a random moment, check; again and again on the same file."""
     rng = random.Random(seed)
     for n in range(KILLS_PER_WORKER):
@@ -169,47 +178,82 @@ def lineage(db: Path, slot: int, log: Path, reports: Reports, seed: int) -> None
     reports.take(worker.lines)
 
 
+class Reader(Protocol):
+    def rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]: ...
+
+
+class _SqliteReader:
+    def __init__(self, con: sqlite3.Connection) -> None:
+        self.con = con
+
+    def rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        return self.con.execute(sql, params).fetchall()
+
+
+class _PgReader:
+    """A connection of its own on an event loop of this thread (the checks run in threads)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, con: asyncpg.Connection) -> None:
+        self.loop, self.con = loop, con
+
+    def rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        return [tuple(r) for r in self.loop.run_until_complete(self.con.fetch(_numbered(sql), *params))]
+
+
 @contextlib.contextmanager
-def reading(db: Path) -> Iterator[sqlite3.Connection]:
+def reading(db: Path | str) -> Iterator[Reader]:
+    """One snapshot for the whole check, though the other worker writes."""
+    if isinstance(db, str):
+        loop = asyncio.new_event_loop()
+        try:
+            pg = loop.run_until_complete(asyncpg.connect(db))
+            try:
+                loop.run_until_complete(pg.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"))
+                yield _PgReader(loop, pg)
+            finally:
+                loop.run_until_complete(pg.close())
+        finally:
+            loop.close()
+        return
     con = sqlite3.connect(db, timeout=10)
     try:
-        con.execute("BEGIN")  # one snapshot for the whole check, though the other worker writes
-        yield con
+        con.execute("BEGIN")
+        assert con.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        yield _SqliteReader(con)
     finally:
         con.close()
 
 
-def check(db: Path, appended: dict[str, str]) -> None:
+def check(db: Path | str, appended: dict[str, str]) -> None:
     with reading(db) as con:
-        assert con.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
         stored: dict[str, int] = {}
-        for (content,) in con.execute("SELECT content FROM messages"):
+        for (content,) in con.rows("SELECT content FROM messages"):
             stored[content] = stored.get(content, 0) + 1
         lost = [c for c in appended if stored.get(c) != 1]
         assert not lost, f"{len(lost)} reported messages missing or duplicated, e.g. {lost[:3]}"
         # In order: a session's messages were reported in the order they committed.
-        ids = dict(con.execute("SELECT content, id FROM messages"))
+        ids = dict(con.rows("SELECT content, id FROM messages"))
         for sid in set(appended.values()):
             order = [ids[c] for c, s in appended.items() if s == sid]
             assert order == sorted(order), f"{sid}: messages stored out of the order they were said"
-        twice = con.execute(
+        twice = con.rows(
             "SELECT session_id, platform_id FROM messages WHERE platform_id IS NOT NULL"
             " GROUP BY session_id, platform_id HAVING COUNT(*) > 1"
-        ).fetchall()
+        )
         assert not twice, f"platform ids stored twice: {twice[:3]}"
         for sid in sorted(set(appended.values())):
             check_session(con, sid)
 
 
-def check_session(con: sqlite3.Connection, sid: str) -> None:
-    row = con.execute("SELECT value FROM metadata WHERE namespace = 'summary' AND key = ?", (sid,)).fetchone()
-    summary = json.loads(row[0]) if row else None
-    dividers = con.execute(
+def check_session(con: Reader, sid: str) -> None:
+    row = con.rows("SELECT value FROM metadata WHERE namespace = 'summary' AND key = ?", (sid,))
+    summary = json.loads(row[0][0]) if row else None
+    dividers = con.rows(
         "SELECT id, ts, archived FROM messages WHERE session_id = ? AND event_marker = 1 AND content = ?",
         (sid, DIVIDER),
-    ).fetchall()
+    )
     archived = [
-        r[0] for r in con.execute("SELECT id FROM messages WHERE session_id = ? AND archived = 1", (sid,))
+        r[0] for r in con.rows("SELECT id FROM messages WHERE session_id = ? AND archived = 1", (sid,))
     ]
     if summary is None:
         assert not dividers, f"{sid}: a divider without a summary"
@@ -220,16 +264,19 @@ def check_session(con: sqlite3.Connection, sid: str) -> None:
     divider_id, divider_ts = active[0]
     assert divider_ts == summary["time"], f"{sid}: the summary and the divider are from different commits"
     assert all(i < divider_id for i in archived), f"{sid}: archived a message newer than the divider"
-    kept = con.execute(
+    kept = con.rows(
         "SELECT COUNT(*) FROM messages WHERE session_id = ? AND archived = 0 AND event_marker = 0"
         " AND role != 'system' AND id < ?",
         (sid, divider_id),
-    ).fetchone()[0]
+    )[0][0]
     assert kept == summary["kept_messages"], f"{sid}: {kept} active before the divider, summary says kept"
 
 
-def test_r_run_11_sigkill_at_random_moments_leaves_the_old_or_the_new_state(tmp_path: Path) -> None:
-    db = tmp_path / "crash.db"
+@pytest.mark.parametrize("engine", ["sqlite", "postgresql"])
+def test_r_run_11_sigkill_at_random_moments_leaves_the_old_or_the_new_state(
+    tmp_path: Path, engine: str, request: pytest.FixtureRequest
+) -> None:
+    db: Path | str = tmp_path / "crash.db" if engine == "sqlite" else request.getfixturevalue("pg_url")
     reports = Reports()
     seed = random.randrange(2**32)
     with ThreadPoolExecutor(WORKERS) as pool:
@@ -256,15 +303,15 @@ def test_r_run_11_sigkill_at_random_moments_leaves_the_old_or_the_new_state(tmp_
     assert len(reports.appended) >= 10 * waits["appended"], f"seed {seed}"
 
 
-def check_answers(db: Path, reports: Reports) -> None:
+def check_answers(db: Path | str, reports: Reports) -> None:
     """At most once: each reply of a session covers messages after the previous reply's.
     And every question is covered by a reply (sent, or marked as being sent when killed)."""
     for sid, uptos in reports.sent.items():
         assert all(a < b for a, b in itertools.pairwise(uptos)), f"{sid} answered twice: {uptos}"
     with reading(db) as con:
-        open_questions = con.execute(
+        open_questions = con.rows(
             "SELECT m.session_id, m.id FROM messages AS m"
             " LEFT JOIN replies AS r ON r.session_id = m.session_id"
             " WHERE m.addressed = 1 AND m.archived = 0 AND m.id > COALESCE(r.upto, 0)"
-        ).fetchall()
+        )
     assert not open_questions, f"questions never answered: {open_questions[:5]}"

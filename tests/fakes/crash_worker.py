@@ -3,10 +3,11 @@ SIGKILL at any instant.
 
     python tests/fakes/crash_worker.py DB SLOT [settle]
 
-It builds a runtime on DB whose model is a ScriptedLLM served by this process, resumes
-what the last run left (interrupted compressions, unanswered questions: what start-up
-does), then keeps several sessions of its own busy at once (ids from SLOT, so workers of
-different slots may share DB). Each session works in order, forever:
+DB: a SQLite file, or a `postgresql://` URL. It builds a runtime on DB whose model is a
+ScriptedLLM served by this process, resumes what the last run left (interrupted
+compressions, unanswered questions: what start-up does), then keeps several sessions of
+its own busy at once (ids from SLOT, so workers of different slots may share DB).
+Each session works in order, forever:
 - members say a few things (some with a platform message id, some asking the bot);
 - a backfill: a batch fetched "again" from the platform, half of it already stored,
   recorded through the same store-once path as a reconnect's backfill;
@@ -25,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import random
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -135,7 +137,7 @@ async def resume(rt: Runtime, slot: int) -> None:
         await answer_pending(rt, record_of(slot, i).id)
 
 
-async def main(db: Path, slot: int, settle: bool) -> None:
+async def main(db: Path | str, slot: int, settle: bool) -> None:
     from nonebot_plugin_memsum import runtime
     from nonebot_plugin_memsum.config import Config
     from tests.fakes.llm_server import Reply, ScriptedLLM
@@ -169,7 +171,11 @@ if __name__ == "__main__":
     # NoneBot logs to stdout, which is for the parent's facts only.
     logger.remove()
     logger.add(sys.stderr, level="WARNING")
-    folder = Path(sys.argv[1]).resolve().parent
+    url = sys.argv[1].startswith("postgresql://")
+    # localstore's folders beside the file; for a database, in the temp dir (nothing is kept there).
+    folder = (
+        Path(tempfile.gettempdir()) / "memsum-crash-worker" if url else Path(sys.argv[1]).resolve().parent
+    )
     # The package needs NoneBot initialised; the plugin's own runtime is never started.
     nonebot.init(
         driver="~none",
@@ -177,4 +183,4 @@ if __name__ == "__main__":
         localstore_cache_dir=str(folder / "cache"),
         localstore_config_dir=str(folder / "config"),
     )
-    asyncio.run(main(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:] == ["settle"]))
+    asyncio.run(main(sys.argv[1] if url else Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:] == ["settle"]))
