@@ -18,6 +18,7 @@ from nonebot_plugin_memsum.agent.events import (
 from nonebot_plugin_memsum.compression.service import (
     CLEARED,
     DIVIDER,
+    USAGE_NAMESPACE,
 )
 from tests.fakes.llm_server import Reply
 from tests.fakes.service import (
@@ -32,6 +33,7 @@ from tests.fakes.service import (
     seed,
     settle,
     summary_of,
+    until,
     usage,
 )
 
@@ -372,3 +374,28 @@ async def test_no_turn_is_hard_trimmed_when_the_history_grows_past_the_trim_budg
     assert [e for e in judged if e.trimmed] == []
     assert all(e.line == 6400 and e.trim_budget == 6976 for e in judged)
     assert env.phases().count(("done", None)) == env.phases().count(("start", None))
+
+
+# ---- issue 9: the latest usage is written in batches, not once per model call ------------------------
+async def test_r_trig_1_latest_usage_waits_in_memory_is_written_together_and_a_clear_drops_it(
+    make: Make,
+) -> None:
+    env = await make()
+    rt = env.rt
+    await seed(rt, 3)
+    await rt.agent.run_turn(GROUP.id, entry=IN_GROUP)
+    assert await rt.store.get_meta(USAGE_NAMESPACE, GROUP.id) is None  # no write per model call
+    assert (await rt.compression.status(GROUP.id)).usage == 100  # the budget's line knows it already
+    service = rt.compression  # the timer's write, within USAGE_WRITE_DELAY
+    await until(lambda: service._usage_timer is None and not service._usage_writes, "the usage was written")
+    assert ((await rt.store.get_meta(USAGE_NAMESPACE, GROUP.id)) or {}).get("usage") == 100
+    # A usage still waiting when the session is cleared is never written after the clear (R-MEM-2).
+    await rt.agent.run_turn(GROUP.id, entry=IN_GROUP)
+    await rt.compression.clear(GROUP.id, "context")
+    await rt.compression.write_usage()
+    assert await rt.store.get_meta(USAGE_NAMESPACE, GROUP.id) is None
+    # What waits at shutdown is written before the store closes (a restart shows it).
+    await seed(rt, 3, start=50)
+    await rt.agent.run_turn(GROUP.id, entry=IN_GROUP)
+    await rt.compression.shutdown()
+    assert ((await rt.store.get_meta(USAGE_NAMESPACE, GROUP.id)) or {}).get("usage") == 100

@@ -51,6 +51,8 @@ BACKOFF_NAMESPACE = "backoff"
 USAGE_NAMESPACE = "usage"
 """The back-off and the latest usage of a session, kept across restarts: a restart must not
 hit a failing model again at once, and /摘要 shows the line it knew."""
+USAGE_WRITE_DELAY = 1.0
+"""Seconds the latest usage waits in memory before it is written (with every other session's)."""
 DUE_NAMESPACE = "compression_due"
 """A compression that is queued or running; the mark outlives a crash, so start-up resumes it."""
 DIVIDER = "对话已压缩"
@@ -160,6 +162,12 @@ class CompressionService:
     # (no usage yet: R-BUD-6; no back-off; its next turn is not judged once).
     _latest_turn_usage: LRU[str, UsageEvent] = field(default_factory=LRU)
     _latest_usage: LRU[str, UsageEvent] = field(default_factory=LRU)
+    _summaries: LRU[str, dict[str, Any] | None] = field(default_factory=LRU)
+    """Summary records read or written lately (`summary`)."""
+    _unsaved_usage: dict[str, UsageEvent] = field(default_factory=dict)
+    """Turn usages not written yet (`write_usage`)."""
+    _usage_timer: asyncio.TimerHandle | None = None
+    _usage_writes: set[asyncio.Task[None]] = field(default_factory=set)
     _epoch: LRU[str, int] = field(default_factory=LRU)
     _turn_epoch: dict[str, int] = field(default_factory=dict)
     _backoff: LRU[str, Backoff] = field(default_factory=LRU)
@@ -195,6 +203,11 @@ class CompressionService:
             if not run.committing:
                 run.reason = STOPPED
                 run.cancelled.set()
+        if self._usage_timer is not None:
+            self._usage_timer.cancel()
+            self._usage_timer = None
+        await asyncio.gather(*self._usage_writes, return_exceptions=True)
+        await self.write_usage()
         tasks = list(self._background)
         for t in tasks:
             t.cancel()
@@ -252,11 +265,13 @@ class CompressionService:
         else:
             async with self._commit_locks.hold(session_id):
                 await self.store.clear(session_id, kind)
+        self._summaries.pop(session_id, None)
         self._epoch[session_id] = self._epoch.get(session_id, 0) + 1
         await self._set_backoff(session_id, Backoff())  # R-BACK-4
         self._latest_turn_usage.pop(session_id, None)
         if kind == "context":
             self._latest_usage.pop(session_id, None)
+            await self._forget_usage(session_id)
             await self.store.delete_meta(USAGE_NAMESPACE, session_id)
 
     async def delete_session(self, session_id: str) -> None:
@@ -272,10 +287,13 @@ class CompressionService:
             if not inside_turn:  # it writes its outcome after the commit: let it end first
                 await run.finished.wait()
         if inside_turn:
+            await self._forget_usage(session_id)
             await self.store.delete_session(session_id)
         else:
             async with self._commit_locks.hold(session_id), self.agent.turn_lock(session_id):
+                await self._forget_usage(session_id)
                 await self.store.delete_session(session_id)
+        self._summaries.pop(session_id, None)
         self._epoch[session_id] = self._epoch.get(session_id, 0) + 1
         self._backoff.pop(session_id, None)
         self._latest_turn_usage.pop(session_id, None)
@@ -283,7 +301,13 @@ class CompressionService:
         self.settings.forget_session(session_id)
 
     async def summary(self, session_id: str) -> dict[str, Any] | None:
-        return await self.store.get_meta(SUMMARY_NAMESPACE, session_id)
+        """The stored summary record; kept in memory between its writes (every prompt injects
+        it), unless other processes write the same memory."""
+        if not self.store.shared and session_id in self._summaries:
+            return self._summaries[session_id]
+        record = await self.store.get_meta(SUMMARY_NAMESPACE, session_id)
+        self._summaries[session_id] = record
+        return record
 
     async def injection(self, session_id: str) -> str | None:
         """R-INJ-1/2: the whole summary, with the fixed first sentence; never cut."""
@@ -330,8 +354,35 @@ class CompressionService:
         self._latest_usage[event.session_id] = event  # R-TRIG-1: every usage, for the budget
         if event.turn_id is not None:
             self._latest_turn_usage[event.session_id] = event
-            # One write per model call: a snapshot is followed by the call's own usage.
-            await self.store.put_meta(USAGE_NAMESPACE, event.session_id, asdict(event))
+            # Kept for a restart (R-BUD-6's line, /摘要), written within a second with every
+            # other session's: no trip to the database per model call (issue 9).
+            self._unsaved_usage[event.session_id] = event
+            if self._usage_timer is None:
+                loop = asyncio.get_running_loop()
+                self._usage_timer = loop.call_later(USAGE_WRITE_DELAY, self._write_usage_soon)
+
+    def _write_usage_soon(self) -> None:
+        self._usage_timer = None
+        task = asyncio.create_task(self.write_usage(), name="memsum-usage-write")
+        self._usage_writes.add(task)
+        task.add_done_callback(self._usage_writes.discard)
+
+    async def write_usage(self) -> None:
+        """Write the usages waiting in memory, in one transaction."""
+        pending, self._unsaved_usage = self._unsaved_usage, {}
+        if not pending:
+            return
+        try:
+            async with self.store.transaction() as tx:
+                for session_id, event in pending.items():
+                    await tx.put_meta(USAGE_NAMESPACE, session_id, asdict(event))
+        except Exception as err:  # only a restart's figure is lost
+            logger.warning(f"memsum: could not write the latest usage: {type(err).__name__}: {err}")
+
+    async def _forget_usage(self, session_id: str) -> None:
+        """Before the stored usage is deleted: none waiting, none being written after it."""
+        self._unsaved_usage.pop(session_id, None)
+        await asyncio.gather(*self._usage_writes, return_exceptions=True)
 
     async def _on_turn_started(self, event: TurnStarted) -> None:
         self._turn_epoch[event.turn_id] = self._epoch.get(event.session_id, 0)
@@ -738,27 +789,30 @@ class CompressionService:
                 # One transaction: its steps are invisible to everyone else until COMMIT, so
                 # the summary is written once the kept count is known; a failed check rolls
                 # everything back, the previous summary included.
-                async with self.store.transaction() as tx:
-                    # The history cache answers when it holds the session and no other
-                    # connection wrote to the file since (it is kept in step with every write
-                    # of this one, and this transaction holds the store).
-                    current = await self.store.history_in(tx, session_id)
-                    head = current[: len(span)]
-                    if len(head) != len(span) or not all(map(same_item, head, span)):
-                        raise CompressionError(CHANGED)
-                    after = sum(m.is_conversation for m in current[len(span) :])
-                    final = apply_count_rule(kept, after, limit)  # R-BACK-2
-                    kept_count = sum(m.is_conversation for u in final for m in u.messages)
-                    await tx.put_meta(
-                        SUMMARY_NAMESPACE,
-                        session_id,
-                        {"text": summary, "template": template, "time": now, "kept_messages": kept_count},
-                    )
-                    kept_at = kept_indexes(final)
-                    archived = await tx.archive_span(session_id, len(span), kept_at)
-                    await tx.append(
-                        session_id, Message(role="system", content=DIVIDER, event_marker=True, ts=now)
-                    )
+                try:
+                    async with self.store.transaction() as tx:
+                        # The history cache answers when it holds the session and no other
+                        # connection wrote to the file since (it is kept in step with every write
+                        # of this one, and this transaction holds the store).
+                        current = await self.store.history_in(tx, session_id)
+                        head = current[: len(span)]
+                        if len(head) != len(span) or not all(map(same_item, head, span)):
+                            raise CompressionError(CHANGED)
+                        after = sum(m.is_conversation for m in current[len(span) :])
+                        final = apply_count_rule(kept, after, limit)  # R-BACK-2
+                        kept_count = sum(m.is_conversation for u in final for m in u.messages)
+                        await tx.put_meta(
+                            SUMMARY_NAMESPACE,
+                            session_id,
+                            {"text": summary, "template": template, "time": now, "kept_messages": kept_count},
+                        )
+                        kept_at = kept_indexes(final)
+                        archived = await tx.archive_span(session_id, len(span), kept_at)
+                        await tx.append(
+                            session_id, Message(role="system", content=DIVIDER, event_marker=True, ts=now)
+                        )
+                finally:  # committed or rolled back: the next reader reads it again
+                    self._summaries.pop(session_id, None)
         remaining = [current[i] for i in kept_at] + current[len(span) :]
         after_tokens = estimate_text_tokens(summary) + sum(
             estimate_stored(m) for m in remaining if m.is_conversation
