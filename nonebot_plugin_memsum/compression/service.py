@@ -354,6 +354,9 @@ class CompressionService:
         self._latest_usage[event.session_id] = event  # R-TRIG-1: every usage, for the budget
         if event.turn_id is not None:
             self._latest_turn_usage[event.session_id] = event
+            if self.store.shared:  # other processes read it at once (`_usage`)
+                await self.store.put_meta(USAGE_NAMESPACE, event.session_id, asdict(event))
+                return
             # Kept for a restart (R-BUD-6's line, /摘要), written within a second with every
             # other session's: no trip to the database per model call (issue 9).
             self._unsaved_usage[event.session_id] = event
