@@ -125,6 +125,36 @@ async def test_a_cached_history_shows_what_another_process_wrote(url: str) -> No
         await second.close()
 
 
+async def test_r_run_11_the_commit_holds_the_session_against_other_processes(url: str) -> None:
+    # The compression's re-read (`history_in`) holds the session's rows until COMMIT: a
+    # write another process began waits, so what was re-read is what gets archived.
+    first, second = await open_store(url), await open_store(url)
+    try:
+        await first.append(SID, said("一"))
+        async with first.transaction() as tx:
+            seen = await first.history_in(tx, SID)
+            late = asyncio.create_task(second.append(SID, said("二")))
+            waiting: list[tuple[object, ...]] = []
+            for _ in range(400):  # until the second process waits on the lock
+                waiting = await raw(
+                    url,
+                    "SELECT 1 FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock'",
+                )
+                if waiting:
+                    break
+                await asyncio.sleep(0.05)
+            assert waiting
+            assert not late.done()
+            await tx.archive_span(SID, len(seen))
+        await late
+        assert [m.content for m in seen] == ["[甲(20001)] 一"]
+        assert [m.content for m in await first.get_history(SID)] == ["[甲(20001)] 二"]  # not archived unseen
+    finally:
+        await first.close()
+        await second.close()
+
+
 async def test_one_holder_of_a_session_across_processes(url: str) -> None:
     first, second = await open_store(url), await open_store(url)
     try:

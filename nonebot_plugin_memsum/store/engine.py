@@ -117,10 +117,16 @@ class Db(ABC):
         holds it. One process alone uses a SQLite file: always True."""
         yield True
 
+    async def hold(self, session_id: str) -> None:
+        """Inside a transaction: no other connection writes the session's messages until it
+        ends, and every write begun before is committed or gone (the compression's re-read)."""
+
     # ---- the search index (store/search.py, store/pg_search.py) ----
     @abstractmethod
-    async def index(self, msg_id: int, session_id: str, msg: Message, ts: float) -> None:
-        """A message as it is stored (in the same transaction), for the search index."""
+    async def insert_message(
+        self, sql: str, params: Sequence[Any], session_id: str, msg: Message, ts: float
+    ) -> int:
+        """Run the message's INSERT (and on PostgreSQL index it for search); its id."""
 
     @abstractmethod
     async def forget(self, session_id: str) -> None:
@@ -206,9 +212,12 @@ class SqliteDb(Db):
     def day(self, ts: str) -> str:
         return f"CAST(({ts} + ?) / 86400 AS INTEGER)"  # truncation: times are positive
 
-    async def index(self, msg_id: int, session_id: str, msg: Message, ts: float) -> None:
-        """Nothing: the runtime's background batches index new messages (store/search.py),
-        and a search first indexes what still waits."""
+    async def insert_message(
+        self, sql: str, params: Sequence[Any], session_id: str, msg: Message, ts: float
+    ) -> int:
+        """The INSERT alone: the runtime's background batches index new messages
+        (store/search.py), and a search first indexes what still waits."""
+        return await self.insert(sql, params)
 
     async def forget(self, session_id: str) -> None:
         try:
@@ -246,6 +255,12 @@ def _numbered(sql: str) -> str:
 def _number(text: str) -> int | float:
     # SUM over bigint answers numeric: the ledger's sums come back as ints, as from SQLite.
     return int(text) if text.lstrip("-").isdigit() else float(text)
+
+
+def _no_nul(params: Sequence[Any]) -> list[Any]:
+    """PostgreSQL text cannot hold NUL (SQLite's can): a message carrying one is stored with
+    U+FFFD in its place rather than refused and lost."""
+    return [p.replace("\x00", "\ufffd") if isinstance(p, str) and "\x00" in p else p for p in params]
 
 
 def lock_key(name: str) -> int:
@@ -324,11 +339,8 @@ class PostgresDb(Db):
             raise self._failed(err, "query") from err
 
     async def insert(self, sql: str, params: Sequence[Any]) -> int:
-        # PostgreSQL text cannot hold NUL (SQLite's can): a message carrying one is stored
-        # with U+FFFD in its place rather than refused and lost.
-        params = [p.replace("\x00", "\ufffd") if isinstance(p, str) and "\x00" in p else p for p in params]
         try:
-            new_id = await self._conn.fetchval(_numbered(sql) + " RETURNING id", *params)
+            new_id = await self._conn.fetchval(_numbered(sql) + " RETURNING id", *_no_nul(params))
         except self._errors() as err:
             raise self._failed(err, "write") from err
         return int(cast(int, new_id))
@@ -376,12 +388,25 @@ class PostgresDb(Db):
             with contextlib.suppress(*self._errors()):
                 await conn.close(timeout=5)  # the lock goes with the connection
 
-    async def index(self, msg_id: int, session_id: str, msg: Message, ts: float) -> None:
-        if search.indexable(msg.role, msg.event_marker, msg.content):
-            await self.fetch(
-                pg_search.INSERT,
-                (msg_id, pg_search.document(session_id, msg.role, msg.name, msg.content, ts)),
-            )
+    async def hold(self, session_id: str) -> None:
+        # The session's counter row: every write of its messages updates it (the trigger),
+        # so this waits for writes in flight and holds off new ones until our COMMIT.
+        await self.fetch("SELECT 1 FROM message_counts WHERE session_id = ? FOR UPDATE", (session_id,))
+
+    async def insert_message(
+        self, sql: str, params: Sequence[Any], session_id: str, msg: Message, ts: float
+    ) -> int:
+        if not search.indexable(msg.role, msg.event_marker, msg.content):
+            return await self.insert(sql, params)
+        # The message and its terms in one statement: atomic without a transaction, one
+        # trip to the server.
+        doc = pg_search.document(session_id, msg.role, msg.name, msg.content, ts)
+        both = (
+            f"WITH m AS ({sql} RETURNING id), i AS (INSERT INTO search_index (id, doc)"
+            " SELECT id, CAST(CAST(? AS TEXT) AS tsvector) FROM m) SELECT id FROM m"
+        )
+        rows = await self.fetch(both, (*_no_nul(params), doc))
+        return int(rows[0][0])
 
     async def forget(self, session_id: str) -> None:
         await self.fetch(pg_search.FORGET, (session_id,))

@@ -234,8 +234,10 @@ class Tx:
         """Store `msg` at the end of the session's history; return it with its id (and ts if it had none)."""
         ts = msg.ts or clock.now()
         db = self._live()
-        new_id = await db.insert(_INSERT_MESSAGE, _message_params(session_id, msg, ts))
-        await db.index(new_id, session_id, msg, ts)  # recall (issue 11): PostgreSQL only (Db.index)
+        # Recall (issue 11): PostgreSQL indexes it in the same statement (Db.insert_message).
+        new_id = await db.insert_message(
+            _INSERT_MESSAGE, _message_params(session_id, msg, ts), session_id, msg, ts
+        )
         stored = replace(msg, id=new_id, ts=ts)
         self._appended.append((session_id, stored))
         return stored
@@ -800,13 +802,8 @@ class Store:
             self._sessions[session_id] = stored
         return stored
 
-    def _writes(self) -> contextlib.AbstractAsyncContextManager[Tx]:
-        """A message and its search terms in one go: one transaction on PostgreSQL (two
-        statements), a lone statement on SQLite (it indexes in batches)."""
-        return self.transaction() if self.shared else self._statement()
-
     async def append(self, session_id: str, msg: Message) -> Message:
-        async with self._writes() as tx:
+        async with self._statement() as tx:
             return await tx.append(session_id, msg)
 
     async def get_history(self, session_id: str, limit: float = math.inf) -> list[Message]:
@@ -819,6 +816,7 @@ class Store:
         cache unless `tx` wrote the session or another connection wrote to the file since
         the cache was filled (R-RUN-11's re-read at a compression's commit, without
         decoding thousands of rows again)."""
+        await tx._live().hold(session_id)  # PostgreSQL: no other process writes it until COMMIT
         if session_id in tx._touched or any(s == session_id for s, _ in tx._appended):
             return await tx.get_history(session_id)
         if not self.shared:  # PostgreSQL: the session's own write counter tells
@@ -929,7 +927,7 @@ class Store:
             await tx.delete_setting(scope, scope_key, name)
 
     async def append_once(self, session_id: str, msg: Message) -> Message | None:
-        async with self._writes() as tx:
+        async with self._statement() as tx:
             return await tx.append_once(session_id, msg)
 
     async def recent_sessions(self, prefix: str, since: float) -> list[tuple[str, float]]:
