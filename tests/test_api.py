@@ -121,3 +121,24 @@ async def test_r_mem_2_delete_session_through_the_api() -> None:
     assert await rt.store.get_session(session.id) is None
     assert await rt.store.get_settings("session", session.id) == {}
     assert (await rt.settings.effective("compress_at", session.id)).layer != "session"
+
+
+async def test_search_sees_only_its_own_session_and_never_what_was_cleared() -> None:
+    # Issue 11: api.search for other plugins; a child session searches itself alone, not its
+    # parent (README, 回忆), and a cleared context is never found again.
+    parent = await api.internal_session("api:search-parent")
+    child = await api.child_session(parent.id, "api:search-child")
+    said = await api.record(
+        parent, api.Message(role="user", content="[甲(1)] 网盘链接的提取码 p4r3", name="1")
+    )
+    await api.record(parent, api.Message(role="assistant", content="收到"))
+    mine = await api.record(child, api.Message(role="user", content="[乙(2)] 子会话的提取码 c5h6", name="2"))
+    [hit] = await api.search(parent.id, "提取码", context=1)
+    assert hit.message == said
+    assert [m.content for m in hit.after] == ["收到"]
+    assert [h.message for h in await api.search(child.id, "提取码", speaker="乙")] == [mine]
+    assert await api.search(child.id, "p4r3") == []
+    assert await api.search(parent.id, "c5h6") == []
+    await api.clear(parent.id, "context")
+    assert await api.search(parent.id, "提取码") == []
+    assert [h.message for h in await api.search(child.id, "提取码")] == [mine]
