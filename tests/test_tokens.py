@@ -57,10 +57,10 @@ def fresh() -> Iterator[None]:
     """No encoding loaded; whatever was loaded comes back afterwards."""
     saved = tokens._loaded
     tokens._loaded = None
-    tokens.clear_estimate_cache()
+    tokens.estimate_text_tokens.cache_clear()
     yield
     tokens._loaded = saved
-    tokens.clear_estimate_cache()
+    tokens.estimate_text_tokens.cache_clear()
 
 
 @pytest.fixture
