@@ -46,6 +46,7 @@ from nonebot_plugin_memsum.agent.prompt import hard_trim
 from nonebot_plugin_memsum.agent.turn import Entry
 from nonebot_plugin_memsum.config import Config, ModelConfig
 from nonebot_plugin_memsum.llm import ChatResult, LedgerFn, LLMClient, Usage, estimate_msg_tokens
+from nonebot_plugin_memsum.store import search
 from nonebot_plugin_memsum.types import Message, ToolCall
 
 _WORDS = "今天 周末 爬山 吃饭 代码 测试 部署 数据库 会议 好的 哈哈 明天 一起 问题 解决 谢谢".split()
@@ -129,6 +130,11 @@ def _fill(path: Path, messages: int, sessions: int, active: int) -> float:
                     " SELECT id FROM messages WHERE session_id = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)",
                     (_sid(s), active - 1),
                 )
+        # The search index as the store keeps it (issue 11): built here, or the background
+        # indexer would rebuild a million rows while the turns are timed.
+        rows = conn.execute("SELECT id, session_id, role, name, content, event_marker, ts FROM messages")
+        conn.executemany(search.INSERT, search.documents(rows))
+        conn.execute("UPDATE search_state SET indexed_upto = (SELECT MAX(id) FROM messages) WHERE id = 1")
         conn.execute("COMMIT")
     finally:
         conn.close()
