@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from nonebot_plugin_memsum.agent.tools import TodoItem, ToolContext
+from nonebot_plugin_memsum.llm.tokens import estimate_text_tokens
 from nonebot_plugin_memsum.types import ToolCall
 from tests.fakes.agent import (
     GROUP,
@@ -23,6 +24,25 @@ from tests.fakes.agent import (
 from tests.fakes.llm_server import Reply, ScriptedLLM
 
 # ---- tools --------------------------------------------------------------------------
+
+
+async def test_issue_9_the_tool_schemas_sent_with_every_chat_request_stay_short(
+    make_rt: MakeRuntime, llm: ScriptedLLM
+) -> None:
+    # Issue 9: the built-in tools' schemas go with every chat request (and count against the
+    # trim budget); their o200k size was 407 tokens, 345 with the shorter descriptions.
+    rt = await make_rt()
+    await fill(rt, GROUP, [user("@小记(10000) 在吗")])
+    llm.push(Reply("在。"))
+
+    assert await rt.agent.run_turn(GROUP.id, Replies(), GROUP_ENTRY) == "replied"
+
+    (request,) = chat_requests(llm)
+    assert [t["function"]["name"] for t in request["tools"]] == ["todo_write", "recall"]
+    assert estimate_text_tokens(json.dumps(request["tools"], ensure_ascii=False)) <= 350
+    recall = request["tools"][1]["function"]
+    assert "须全部出现" in recall["description"]  # the search's AND, which the model must know
+    assert set(recall["parameters"]["properties"]) == {"query", "speaker", "since", "until", "limit"}
 
 
 async def test_tool_call_round_trip_is_stored_as_a_group_and_sent_back(

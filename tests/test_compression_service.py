@@ -33,7 +33,7 @@ from nonebot_plugin_memsum.compression.service import (
     STORE_FAILED,
 )
 from nonebot_plugin_memsum.config import Config
-from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens
+from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_text_tokens
 from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE, StoreError
 from nonebot_plugin_memsum.types import Message, SessionRecord, ToolCall
 from tests.fakes.llm_server import API_KEY, Reply, ScriptedLLM
@@ -576,6 +576,8 @@ def test_r_inj_2_the_first_sentence_explains_the_kept_originals() -> None:
     assert "按原来的时间顺序" in first
     assert "历史开头" in first
     assert "概括过" in first
+    # Issue 9: it goes with every chat request of a compressed session (o200k: 53 → 48).
+    assert estimate_text_tokens(INJECTION_HEAD) <= 48
 
 
 # ---- QA regressions ------------------------------------------------------------------------------

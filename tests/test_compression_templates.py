@@ -11,6 +11,7 @@ from nonebot_plugin_memsum.compression.templates import (
     summary_part_overhead,
     system_prompt,
 )
+from nonebot_plugin_memsum.llm.tokens import estimate_text_tokens
 from nonebot_plugin_memsum.types import SessionRecord
 
 GROUP = SessionRecord(id="onebot:group:1", platform="onebot", kind="group", place="1", room_class="room")
@@ -164,3 +165,14 @@ def test_r_bud_7_keep_cap_0_is_stated_with_the_budget() -> None:
     assert "合计约 1234 tokens（约 4936 个英文字符）" in prompt
     assert "保留的原文合计不超过 0 tokens" in prompt
     assert "保留的原文合计不超过 56 tokens" in system_prompt(CHAT, budget=1234, keep_cap=56)
+
+
+def test_issue_9_the_summariser_prompt_is_short() -> None:
+    # Issue 9 item 3: the system prompt goes with every summary request (chat template, o200k:
+    # 577 tokens at first, 474, then 420 with every instruction R-TPL-4 and R-BUD-7 ask for kept).
+    for template, most in ((CHAT, 425), (WORK, 405)):
+        prompt = system_prompt(template, budget=2560, keep_cap=2328)
+        assert estimate_text_tokens(prompt) <= most
+        assert all(f"「## {t}」" in prompt for t in template.titles)
+    old = "## 最近在聊什么\n无\n## 谁有问题没回应\n无\n## 关键原话要点\n无"
+    assert estimate_text_tokens(summary_part(CHAT, old)) - estimate_text_tokens(old) <= 45

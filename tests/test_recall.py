@@ -318,7 +318,7 @@ async def test_recall_tool_returns_lines_of_its_own_session(store: Store) -> Non
     tools = ToolRegistry()
     register_recall_tool(tools, store, estimate_text_tokens)
     out = await tools.call(ToolContext(GROUP), "recall", '{"query": "提取码", "speaker": "阿强"}')
-    assert out.startswith("找到 1 处相关记录")
+    assert out.startswith("找到 1 处相关记录（按相关程度排列，→ 标出命中的消息）")
     assert "→ " + line(stored[1]) in out
     assert line(stored[0]) in out
     assert line(stored[2]) in out

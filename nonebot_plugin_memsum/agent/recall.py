@@ -31,19 +31,19 @@ NOTHING = "没有找到相关的聊天记录。"
 NO_TERMS = "关键词里没有可以搜索的文字（需要汉字、字母或数字）。"
 _DAY = re.compile(r"^(\d{4})-(\d{1,2})-(\d{1,2})(?:[ T](\d{1,2}):(\d{2}))?$")
 
+# Sent with every chat request (issue 9): short; how to read a result is said in the result.
 DESCRIPTION = (
-    "按关键词查找本会话较早的聊天记录原文（包括已被压缩进摘要的部分）。摘要里没有的细节"
-    "（链接、提取码、日期、谁说过什么）用它查。关键词用空格分开，每个都须出现；可按发言人"
-    "（QQ 号或昵称）和日期筛选。返回「时间 [昵称(ID)] 正文」，→ 标出命中的消息。"
+    "按关键词查本会话较早的聊天原文（含已压缩进摘要的）；摘要里缺的细节（链接、提取码、日期、"
+    "谁说过什么）用它查。关键词空格分隔，须全部出现。"
 )
 PARAMETERS: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "query": {"type": "string", "description": "关键词，如「提取码」「周末 烧烤」「12345」"},
-        "speaker": {"type": "string", "description": "只看这个人说的：QQ 号或昵称"},
-        "since": {"type": "string", "description": "从这天起，YYYY-MM-DD 或 YYYY-MM-DD HH:MM"},
-        "until": {"type": "string", "description": "到这天为止（含当天），格式同上"},
-        "limit": {"type": "integer", "description": f"最多几条，默认 {DEFAULT_LIMIT}，至多 {MAX_LIMIT}"},
+        "query": {"type": "string", "description": "关键词，如「周末 烧烤」"},
+        "speaker": {"type": "string", "description": "只看此人：QQ 号或昵称"},
+        "since": {"type": "string", "description": "起始日期 YYYY-MM-DD[ HH:MM]"},
+        "until": {"type": "string", "description": "截止日期（含当天），格式同上"},
+        "limit": {"type": "integer", "description": f"条数，默认 {DEFAULT_LIMIT}，至多 {MAX_LIMIT}"},
     },
     "required": ["query"],
 }
@@ -103,7 +103,7 @@ def render(
                 used = budget
     if not blocks:
         return NOTHING
-    return f"找到 {len(blocks)} 处相关记录（按相关程度排列）：\n\n" + "\n\n".join(blocks)
+    return f"找到 {len(blocks)} 处相关记录（按相关程度排列，→ 标出命中的消息）：\n\n" + "\n\n".join(blocks)
 
 
 def query_of(session_id: str, args: dict[str, Any], zone: tzinfo | None = None) -> SearchQuery:

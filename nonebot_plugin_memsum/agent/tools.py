@@ -119,7 +119,7 @@ def register_todo_tool(registry: ToolRegistry, provider: TodoProvider) -> None:
 
     @registry.tool(
         "todo_write",
-        "记录或更新当前会话的待办列表（整体替换）。多步骤任务时用它跟踪进度。",
+        "整体替换本会话的待办列表，用来跟踪多步骤任务的进度。",
         {
             "type": "object",
             "properties": {

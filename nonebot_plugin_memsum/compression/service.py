@@ -64,8 +64,8 @@ IN_TURN = "不能在本会话正在进行的回合里压缩它，请在回合结
 STORE_FAILED = "存储出错，压缩已回滚"
 # R-INJ-2: fixed, whatever the session.
 INJECTION_HEAD = (
-    "保留的原文（如果有）按原来的时间顺序排在之后的历史开头，内容已在下面的摘要里概括过，"
-    "并不是摘要之后才发生的。以下是本会话较早对话的摘要："
+    "保留的原文（如有）按原来的时间顺序排在之后的历史开头，已在下面的摘要里概括过，不是摘要之后发生的。"
+    "本会话较早对话的摘要："
 )
 # The keep cost N (R-RUN-6) and the measured capacity use the estimates stored per message.
 ESTIMATORS = Estimators(text=estimate_text_tokens, msg=estimate_stored)
