@@ -252,7 +252,7 @@ async def test_r_tpl_5_existing_summary_is_merged_into_the_same_sections(env: En
     first, second = model.summary_requests()
     assert "已有摘要" not in user_of(first)
     assert existing_summary_of(second) == CHAT_SUMMARY
-    assert "请在已有摘要的同名小节上合并更新" in user_of(second)
+    assert "请在同名小节上合并更新" in user_of(second)
 
 
 async def test_r_tpl_5_unstructured_summary_is_folded_into_the_template(env: Env) -> None:
@@ -282,7 +282,7 @@ async def test_r_tpl_5_summary_with_topic_sub_headings_is_merged_not_folded(env:
     await rt.compression.compress(GROUP.id)
     second = model.summary_requests()[1]
     assert existing_summary_of(second) == topics
-    assert "请在已有摘要的同名小节上合并更新：旧内容里仍然成立的不要丢" in user_of(second)
+    assert "请在同名小节上合并更新：旧内容里仍然成立的不要丢" in user_of(second)
     assert "按意思归入" not in user_of(second)
 
 
