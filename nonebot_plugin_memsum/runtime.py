@@ -161,16 +161,17 @@ async def build(config: Config, location: Location, nicknames: list[str], superu
     return rt
 
 
-async def keep_search_index(store: Store, batch: int = 2000, idle: float = 1.0) -> None:
+async def keep_search_index(store: Store, batch: int = 2000, idle: float = 1.0, start: float = 1.0) -> None:
     """Index new messages in batches, and what a file from before the search index holds
     (newest first, progress in the log), in the background: start-up does not wait, and a
     search indexes what is still waiting itself."""
-    old = (await store.search_state()).old_upto
+    at = await store.search_state()
+    old, upto = at.old_upto, at.indexed_upto
     if old > 0:
         logger.info(f"memsum: indexing {old} older messages for search in the background")
     step = max(batch, old // 10)
     mark = step
-    await asyncio.sleep(idle)  # start-up's own work (and its first answers) first
+    await asyncio.sleep(start)  # start-up's own work (and its first answers) first
     while True:
         try:
             at = await store.index_search(batch)
@@ -181,6 +182,13 @@ async def keep_search_index(store: Store, batch: int = 2000, idle: float = 1.0) 
             await asyncio.sleep(60)
             continue
         if at is None:
+            await asyncio.sleep(idle)
+            continue
+        caught_up = at.indexed_upto - upto < batch  # fewer new ids than a batch: nothing left
+        upto = at.indexed_upto
+        if at.old_upto >= old and caught_up:
+            # Issue 9: new messages wait for the next batch (a search indexes what waits
+            # first), so a busy chat costs one indexing transaction a second, not one a message.
             await asyncio.sleep(idle)
             continue
         if at.old_upto < old:  # a batch of the older messages

@@ -540,3 +540,35 @@ async def test_runtime_start_is_not_blocked_by_the_backfill(tmp_path: Path) -> N
         assert len(await find(rt.store, GROUP, "链接", limit=100)) == 50
     finally:
         await runtime.close(rt)
+
+
+async def test_caught_up_the_indexer_waits_before_indexing_what_arrived_meanwhile(tmp_path: Path) -> None:
+    # Issue 9: a busy chat stores a message during every batch; the indexer that went straight
+    # on cost one indexing transaction per message. Caught up, it now waits `idle` first, and a
+    # search still finds what waits (it indexes it itself).
+    store = Store(tmp_path / "m.db")
+    await store.open()
+    batches: list[int] = []
+    arrived: list[Message] = []
+    index = store.index_search
+
+    async def chatty(batch: int = 2000, *, new_only: bool = False) -> search_mod.IndexState | None:
+        at = await index(batch, new_only=new_only)
+        if at is not None and not new_only:  # the background's batch: a message comes meanwhile
+            batches.append(at.indexed_upto)
+            arrived.append(await store.append(GROUP, said("乙", 2, f"第{len(arrived) + 2}条周末")))
+        return at
+
+    store.index_search = chatty  # type: ignore[method-assign]
+    try:
+        first = await store.append(GROUP, said("甲", 1, "第一条"))
+        task = asyncio.create_task(keep_search_index(store, batch=10, idle=60, start=0))
+        await until(lambda: asyncio.sleep(0, batches), lambda b: len(b) == 1)
+        await asyncio.sleep(0.3)  # going straight on, it would have indexed the second by now
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert batches == [first.id]
+        assert (await store.search_state()).indexed_upto == first.id
+        assert await find(store, GROUP, "周末") == [arrived[0].content]
+    finally:
+        await store.close()

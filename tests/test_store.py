@@ -572,3 +572,36 @@ async def test_data_survives_close_and_reopen(location: Path | str) -> None:
         assert (later.id or 0) > (stored[-1].id or 0) > 0
     finally:
         await reopened.close()
+
+
+async def test_a_write_that_fails_at_commit_rolls_back_the_whole_transaction(location: Path | str) -> None:
+    # Issue 9: inside a transaction a write nobody reads an answer of (the reply mark) goes to
+    # the database with the COMMIT; its failure still fails and rolls back everything.
+    from nonebot_plugin_memsum.errors import StoreError
+    from nonebot_plugin_memsum.store import Store
+
+    store = Store(location)
+    await store.open()
+    try:
+        kept = await store.append(SID, _msg("问题"))
+        assert kept.id is not None
+        assert [m.id for m in await store.get_history(SID)] == [kept.id]  # cached now
+
+        async def answer_with_a_bad_mark() -> None:
+            async with store.transaction() as tx:
+                await tx.append(SID, _msg("回答", role="assistant"))
+                await tx.mark_reply(SID, kept.id, "bogus")  # type: ignore[arg-type]  # CHECK refuses it
+
+        with pytest.raises(StoreError):
+            await answer_with_a_bad_mark()
+        assert [m.content for m in await store.get_history(SID)] == ["问题"]
+        assert await store.replies_being_sent() == []
+        async with store.transaction():
+            pass  # nothing written: nothing to fail
+        async with store.transaction() as tx:
+            answer = await tx.append(SID, _msg("回答", role="assistant"))
+            await tx.mark_reply(SID, kept.id, "sending")
+        assert [m.id for m in await store.get_history(SID)] == [kept.id, answer.id]
+        assert await store.replies_being_sent() == [(SID, kept.id)]
+    finally:
+        await store.close()

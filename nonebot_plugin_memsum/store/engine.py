@@ -26,9 +26,9 @@ import math
 import re
 import sqlite3
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 from urllib.parse import urlsplit
 
 import aiosqlite
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from nonebot_plugin_memsum.types import Message
 
 Row = tuple[Any, ...]
+T = TypeVar("T")
 Location = Path | str
 """Where the store lives: a SQLite file, or a `postgresql://user:password@host:port/db` URL."""
 
@@ -86,6 +87,11 @@ class Db(ABC):
     @abstractmethod
     async def insert(self, sql: str, params: Sequence[Any]) -> int:
         """Run an INSERT into a table with an `id` key; the new row's id."""
+
+    @abstractmethod
+    async def write(self, sql: str, params: Sequence[Any] = ()) -> None:
+        """A statement whose answer nobody reads; inside a transaction it may wait to go
+        with the next statement (its error then comes from that one, or the COMMIT)."""
 
     @abstractmethod
     async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None: ...
@@ -142,7 +148,12 @@ class SqliteDb(Db):
     shared = False
 
     def __init__(self, db: aiosqlite.Connection) -> None:
-        self.raw = db
+        self._raw = db
+        self._queued: list[tuple[str, Sequence[Any]]] = []
+        """Statements nobody reads an answer of (a BEGIN, a write inside a transaction), sent
+        with the next statement that answers: each trip to aiosqlite's thread wakes it and
+        the event loop once, and a turn's answer and its reply mark then cost two (issue 9)."""
+        self._in_tx = False
 
     @classmethod
     async def connect(cls, path: Path) -> SqliteDb:
@@ -170,42 +181,67 @@ class SqliteDb(Db):
             raise
         return cls(db)
 
-    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+    async def raw(self) -> aiosqlite.Connection:
+        """The aiosqlite connection, for SQL of its own (the search index), with every
+        queued statement run first."""
+        if self._queued:
+            await self._call(lambda conn: None, "write")
+        return self._raw
+
+    async def _call(self, last: Callable[[sqlite3.Connection], T], what: str) -> T:
+        """The queued statements, then `last`, in one trip to the connection's thread."""
+        queued, self._queued = self._queued, []
+
+        def run() -> T:
+            conn = self._raw._conn  # inside aiosqlite's thread, as its own helpers do
+            for sql, params in queued:
+                conn.execute(sql, params)
+            return last(conn)
+
         try:
-            # No row_factory: plain tuples, though aiosqlite annotates them as Row.
-            return cast(list[Row], list(await self.raw.execute_fetchall(sql, params)))
+            return await self._raw._execute(run)
         except sqlite3.Error as err:
-            raise StoreError(f"store query failed: {err}") from err
+            raise StoreError(f"store {what} failed: {err}") from err
+
+    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        # No row_factory: plain tuples.
+        return await self._call(lambda conn: conn.execute(sql, params).fetchall(), "query")
 
     async def insert(self, sql: str, params: Sequence[Any]) -> int:
-        try:
-            row = await self.raw.execute_insert(sql, params)
-        except sqlite3.Error as err:
-            raise StoreError(f"store write failed: {err}") from err
-        assert row is not None  # last_insert_rowid() always answers
-        return int(row[0])
+        new_id = await self._call(lambda conn: conn.execute(sql, params).lastrowid, "write")
+        assert new_id is not None  # an INSERT into a rowid table always sets it
+        return int(new_id)
+
+    async def write(self, sql: str, params: Sequence[Any] = ()) -> None:
+        if self._in_tx:  # its error, if any, comes with the next statement or the COMMIT
+            self._queued.append((sql, params))
+        else:
+            await self._call(lambda conn: conn.execute(sql, params), "write")
 
     async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        try:
-            await self.raw.executemany(sql, rows)
-        except sqlite3.Error as err:
-            raise StoreError(f"store write failed: {err}") from err
+        await self._call(lambda conn: conn.executemany(sql, rows), "write")
 
     async def begin(self) -> None:
-        await self.fetch("BEGIN IMMEDIATE")
+        self._queued.append(("BEGIN IMMEDIATE", ()))  # a BUSY error comes with the first statement
+        self._in_tx = True
 
     async def commit(self) -> None:
-        await self.fetch("COMMIT")
+        self._in_tx = False
+        await self._call(lambda conn: conn.execute("COMMIT"), "write")
 
     async def rollback(self) -> None:
+        self._in_tx = False
+        queued, self._queued = self._queued, []
+        if queued and queued[0][0] == "BEGIN IMMEDIATE":
+            return  # never sent: no transaction was opened
         # A failed statement may already have ended the transaction (SQLITE_FULL,
         # SQLITE_IOERR), and a BEGIN that failed never started one.
         with contextlib.suppress(sqlite3.OperationalError):
-            await self.raw.execute_fetchall("ROLLBACK")
+            await self._raw._execute(lambda: self._raw._conn.execute("ROLLBACK"))
 
     async def close(self) -> None:
         try:
-            await self.raw.close()
+            await self._raw.close()
         except sqlite3.Error as err:
             raise StoreError(f"closing the database failed: {err}") from err
 
@@ -221,7 +257,7 @@ class SqliteDb(Db):
 
     async def forget(self, session_id: str) -> None:
         try:
-            await search.forget(self.raw, session_id)
+            await search.forget(await self.raw(), session_id)
         except sqlite3.Error as err:
             raise StoreError(f"store write failed: {err}") from err
 
@@ -229,10 +265,8 @@ class SqliteDb(Db):
         statement = search.search_statement(query, columns, context)
         if statement is None:
             return []
-        try:
-            return cast(list[Row], list(await self.raw.execute_fetchall(*statement)))
-        except sqlite3.Error as err:
-            raise StoreError(f"store query failed: {err}") from err
+        sql, params = statement
+        return await self._call(lambda conn: conn.execute(sql, params).fetchall(), "query")
 
 
 def _bounds(query: search.SearchQuery) -> tuple[float, float]:
@@ -344,6 +378,12 @@ class PostgresDb(Db):
         except self._errors() as err:
             raise self._failed(err, "write") from err
         return int(cast(int, new_id))
+
+    async def write(self, sql: str, params: Sequence[Any] = ()) -> None:
+        try:
+            await self._conn.execute(_numbered(sql), *_no_nul(params))
+        except self._errors() as err:
+            raise self._failed(err, "write") from err
 
     async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         if not rows:

@@ -197,6 +197,11 @@ class Tx:
             await self.write_ledger()
         return await db.fetch(sql, params)
 
+    async def _write(self, sql: str, params: tuple[Any, ...] = ()) -> None:
+        """A write whose answer nobody reads: inside a transaction it goes to the database
+        with the next statement or the COMMIT (one trip fewer, Db.write)."""
+        await self._live().write(sql, params)
+
     async def data_version(self) -> int:
         """SQLite's counter of commits that other connections made to the file."""
         return int((await self._fetch("PRAGMA data_version"))[0][0])
@@ -283,7 +288,7 @@ class Tx:
     async def mark_reply(self, session_id: str, upto: int, state: ReplyState) -> None:
         """The session's questions up to message `upto` are answered: `sending` is written
         before the reply goes out (so a crash after it never answers them again), `sent` after."""
-        await self._fetch(
+        await self._write(
             "INSERT INTO replies (session_id, upto, state, ts) VALUES (?, ?, ?, ?)"
             " ON CONFLICT (session_id) DO UPDATE SET upto = CASE WHEN excluded.upto > replies.upto"
             " THEN excluded.upto ELSE replies.upto END,"
@@ -348,7 +353,7 @@ class Tx:
         return json.loads(rows[0][0]) if rows else None
 
     async def put_meta(self, namespace: str, key: str, value: Any) -> None:
-        await self._fetch(
+        await self._write(
             "INSERT INTO metadata (namespace, key, value) VALUES (?, ?, ?)"
             " ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value",
             (namespace, key, _dump_json(value, f"metadata {namespace}/{key}")),
@@ -360,7 +365,7 @@ class Tx:
         return {key: json.loads(value) for key, value in rows}
 
     async def delete_meta(self, namespace: str, key: str) -> None:
-        await self._fetch("DELETE FROM metadata WHERE namespace = ? AND key = ?", (namespace, key))
+        await self._write("DELETE FROM metadata WHERE namespace = ? AND key = ?", (namespace, key))
 
     async def list_meta(self, namespace: str) -> dict[str, Any]:
         """Every key of a namespace with its value."""
@@ -894,7 +899,9 @@ class Store:
         async with self._statement() as tx:
             db = tx._live()
             # PostgreSQL indexes each message as it is stored: nothing ever waits.
-            return await search.state(db.raw) if isinstance(db, SqliteDb) else search.IndexState(0, 0, 0)
+            if not isinstance(db, SqliteDb):
+                return search.IndexState(0, 0, 0)
+            return await search.state(await db.raw())
 
     async def index_search(self, batch: int = 2000, *, new_only: bool = False) -> search.IndexState | None:
         """Index the next batch of messages the search index does not hold yet (new ones
@@ -905,14 +912,14 @@ class Store:
             db = tx._live()
             if not isinstance(db, SqliteDb):
                 return None
-            found = await search.next_batch(db.raw, batch, new_only=new_only)
+            found = await search.next_batch(await db.raw(), batch, new_only=new_only)
         if found is None:
             return None
         docs = await asyncio.to_thread(search.documents, found.rows)
         async with self.transaction() as tx:
             db = tx._live()
             assert isinstance(db, SqliteDb)
-            return await search.commit_batch(db.raw, found, docs)
+            return await search.commit_batch(await db.raw(), found, docs)
 
     async def get_settings(self, scope: str, scope_key: str) -> dict[str, Any]:
         async with self._statement() as tx:
