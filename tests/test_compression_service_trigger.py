@@ -20,6 +20,7 @@ from nonebot_plugin_memsum.compression.service import (
     DIVIDER,
     USAGE_NAMESPACE,
 )
+from nonebot_plugin_memsum.types import Message, ToolCall
 from tests.fakes.llm_server import Reply
 from tests.fakes.service import (
     GROUP,
@@ -28,11 +29,13 @@ from tests.fakes.service import (
     Env,
     Make,
     committing,
+    conversation_of,
     due_usage,
     held_turn,
     seed,
     settle,
     summary_of,
+    talk,
     until,
     usage,
 )
@@ -96,7 +99,12 @@ async def test_r_trig_3_a_turn_that_would_be_hard_trimmed_compresses_first(make:
     assert len(model.summary_requests()) == 1
     assert env.phases() == [("start", None), ("done", None)]
     assert not usages[-1].trimmed
-    assert usages[-1].untrimmed_history == 0  # everything before the turn's question was summarised
+    # Everything before the turn's question was summarised; the question (a turn through
+    # api.run_turn marks none as asking: the newest user message) stays active and is sent.
+    question = (await rt.store.get_history(GROUP.id))[0]
+    assert question.content == talk(29, 120)
+    assert usages[-1].untrimmed_history == question.tokens
+    assert model.chat_requests()[-1]["messages"][-1] == {"role": "user", "content": talk(29, 120)}
     # R-TRIG-5: the turn's own end is not judged again (the session was compressed since it began).
     await settle(rt)
     assert len(model.summary_requests()) == 1
@@ -374,6 +382,95 @@ async def test_no_turn_is_hard_trimmed_when_the_history_grows_past_the_trim_budg
     assert [e for e in judged if e.trimmed] == []
     assert all(e.line == 6400 and e.trim_budget == 6976 for e in judged)
     assert env.phases().count(("done", None)) == env.phases().count(("start", None))
+
+
+# ---- issue 9: the in-turn run keeps the turn's question out of its span ---------------------------
+async def record(env: Env, content: str, role: str = "user", **fields: Any) -> Message:
+    return await env.rt.agent.record(GROUP, Message(role=role, content=content, ts=3000.0, **fields))  # type: ignore[arg-type]
+
+
+def sent(env: Env) -> list[dict[str, Any]]:
+    """The conversation of the last chat request (system parts left out)."""
+    return [m for m in env.model.chat_requests()[-1]["messages"] if m["role"] != "system"]
+
+
+async def test_r_run_1_in_turn_run_ends_before_the_earliest_unanswered_question(make: Make) -> None:
+    # Trim budget 1976 = E (as above). An answered question is archived with the rest; the two
+    # unanswered ones and the chatter between and after them stay active and are sent verbatim.
+    env = await make(**TRIG, memsum_trim_ratio=0.3)
+    rt, model = env.rt, env.model
+    await seed(rt, 30, size=120)
+    answered = await record(env, "@小助手 上周的问题", addressed=True)
+    assert answered.id is not None
+    await rt.store.mark_reply(GROUP.id, answered.id, "sent")  # what a turn's answer writes
+    await seed(rt, 3, start=50, size=20)
+    first = await record(env, "@小助手 第一个问题", addressed=True)
+    between = await record(env, "[路人(3)] 插一句")
+    second = await record(env, "@小助手 第二个问题", addressed=True)
+    after = await record(env, "[路人(3)] 又一句")
+    usages = turn_usages(env)
+    assert await rt.agent.run_turn(GROUP.id, entry=IN_GROUP) == "replied"
+    assert env.phases() == [("start", None), ("done", None)]
+    [request] = model.summary_requests()
+    span = conversation_of(request)
+    assert talk(29, 120) in span
+    assert answered.content in span
+    assert talk(52, 20) in span
+    assert all(m.content not in span for m in (first, between, second, after))
+    tail = [first, between, second, after]
+    assert sent(env) == [{"role": "user", "content": m.content} for m in tail]
+    assert not usages[-1].trimmed
+    active = await rt.store.get_history(GROUP.id)
+    assert [m.id for m in active if m.is_conversation][:4] == [m.id for m in tail]  # R-BACK-2 counted them
+
+
+async def test_r_run_1_in_turn_run_never_splits_a_tool_group_around_the_question(make: Make) -> None:
+    # The question came in between a tool call and its result (R-RUN-2: a message inside a
+    # group): the cut moves before the group's assistant message, so the call, the question
+    # and the result all stay active and go out as one valid request.
+    env = await make(**TRIG, memsum_trim_ratio=0.3)
+    rt, model = env.rt, env.model
+    await seed(rt, 30, size=120)
+    call = ToolCall("call_9", "todo_write", '{"items": []}')
+    head = await record(env, "", role="assistant", tool_calls=(call,))
+    question = await record(env, "@小助手 查完了吗", addressed=True)
+    result = await record(env, "已写入 0 项", role="tool", tool_call_id="call_9", name="todo_write")
+    assert await rt.agent.run_turn(GROUP.id, entry=IN_GROUP) == "replied"
+    assert env.phases() == [("start", None), ("done", None)]
+    [request] = model.summary_requests()
+    assert talk(29, 120) in conversation_of(request)
+    assert "todo_write" not in conversation_of(request)
+    assert question.content not in conversation_of(request)
+    active = [m.id for m in await rt.store.get_history(GROUP.id) if m.is_conversation]
+    assert active[:3] == [head.id, question.id, result.id]
+    roles = [(m["role"], m.get("tool_call_id"), bool(m.get("tool_calls"))) for m in sent(env)]
+    assert roles[:3] == [("assistant", None, True), ("user", None, False), ("tool", "call_9", False)]
+
+
+async def test_r_trig_3_nothing_compressible_before_the_question_no_in_turn_run(make: Make) -> None:
+    # The question is old and the talk after it long: what lies before it is under E / 2,
+    # so the turn does not compress; it is sent hard-trimmed and its end is judged as R-TRIG-3
+    # says, and that background run keeps R-RUN-1's cut: the whole snapshot, question included.
+    env = await make(**TRIG, memsum_trim_ratio=0.3)
+    rt, model = env.rt, env.model
+    await seed(rt, 2, size=20)
+    question = await record(env, "@小助手 一个老问题", addressed=True)
+    await seed(rt, 30, start=100, size=120)
+    usages = turn_usages(env)
+    started_in_turn: list[bool] = []
+    rt.bus.subscribe(
+        CompressionProgress,
+        lambda p: started_in_turn.append(rt.agent.in_turn(GROUP.id)) if p.phase == "start" else None,
+    )
+    assert await rt.agent.run_turn(GROUP.id, entry=IN_GROUP) == "replied"
+    assert usages[-1].trimmed
+    await settle(rt)
+    assert started_in_turn == [False]  # one run, after the turn
+    [request] = model.summary_requests()
+    span = conversation_of(request)
+    assert question.content in span
+    assert talk(129, 120) in span
+    assert [m.role for m in await rt.store.get_history(GROUP.id) if m.is_conversation] == []
 
 
 # ---- issue 9: the latest usage is written in batches, not once per model call ------------------------

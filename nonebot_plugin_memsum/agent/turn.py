@@ -36,8 +36,9 @@ from .tools import ToolContext, ToolRegistry
 
 ReplyFn = Callable[[str], Awaitable[None]]
 Contribution = Callable[[str], Awaitable[str | None]]
-MakeRoom = Callable[[str, "Entry", Prompt], Awaitable[bool]]
-"""Called from inside a turn whose prompt would be hard-trimmed; True when it compressed."""
+MakeRoom = Callable[[str, "Entry", Prompt, "int | None"], Awaitable[bool]]
+"""Called from inside a turn whose prompt would be hard-trimmed, with the stored id of the
+turn's earliest unanswered question (`Agent.first_question`); True when it compressed."""
 SILENT_MARK = "[不回复]"
 SILENT_RECORD = "（助手本轮选择不回复）"
 # Models imitate the `[昵称(ID)] ` labels they see; the bot never labels itself.
@@ -331,7 +332,8 @@ class Agent:
             if prompt.trimmed and not made_room and self._make_room is not None:
                 # Issue 9: compress now rather than send a trimmed request, at most once a turn.
                 made_room = True
-                if await self._make_room(session_id, entry, prompt):
+                question = await self.first_question(session_id, history)
+                if await self._make_room(session_id, entry, prompt, question):
                     history, prompt = await self._read_prompt(session_id, entry, limit, budget, tools)
             if history and history[-1].id is not None:
                 stats.read = history[-1].id
@@ -397,6 +399,20 @@ class Agent:
                 await self.store.mark_reply(session_id, stats.read, "sent")
             return "replied"
         raise RuntimeError("unreachable: the last round offers no tools")
+
+    async def first_question(self, session_id: str, history: list[Message]) -> int | None:
+        """The stored id of the earliest message this turn answers: the session's oldest
+        active message that asked the bot after its last answer (`Store.pending_questions`);
+        when none is marked as asking (a turn run through `api.run_turn`), the newest user or
+        notice message the turn read. None when the history holds neither."""
+        if not history:
+            return None
+        since = min(m.ts for m in history)  # the active history's questions only: a short index range
+        for sid, m in await self.store.pending_questions(since, session_id):
+            if sid == session_id and m.id is not None:  # the prefix also matches longer ids
+                return m.id
+        asked = (m.id for m in reversed(history) if m.role in ("user", "notice") and not m.event_marker)
+        return next(asked, None)
 
     async def _read_prompt(
         self, session_id: str, entry: Entry, limit: int, budget: int, tools: list[dict[str, Any]]

@@ -36,7 +36,14 @@ from nonebot_plugin_memsum.compression.parse import parse_reply
 from nonebot_plugin_memsum.compression.request import ChunkPlan, is_context_too_long
 from nonebot_plugin_memsum.compression.templates import choose_template
 from nonebot_plugin_memsum.compression.trigger import Backoff, UsageFacts, compression_due, usage_due
-from nonebot_plugin_memsum.compression.units import Estimators, Unit, build_units, cut_point, has_conversation
+from nonebot_plugin_memsum.compression.units import (
+    Estimators,
+    Unit,
+    build_units,
+    cut_before_question,
+    cut_point,
+    has_conversation,
+)
 from nonebot_plugin_memsum.config import Config
 from nonebot_plugin_memsum.errors import CompressionCancelled, CompressionError
 from nonebot_plugin_memsum.llm import LLMClient, LLMError, LLMLengthLimit, LLMStatusError, Registry
@@ -130,6 +137,8 @@ class _Run:
     """The compression line the run's budget was taken from, for its history row."""
     in_turn: bool = False
     """Run by the session's own turn, which holds the turn lock (`make_room`)."""
+    question: int | None = None
+    """In a turn: the stored id of its earliest unanswered question; the span ends before it."""
 
 
 def same_item(a: Message, b: Message) -> bool:
@@ -229,7 +238,7 @@ class CompressionService:
             raise CompressionError(IN_TURN)
         if session_id in self._runs:
             raise CompressionError(BUSY)
-        return await self._run(session_id)
+        return await self._run(session_id, _Run())
 
     async def resume(self, prefix: str = "") -> int:
         """Queue again the compressions a stop or a crash interrupted (of the sessions whose
@@ -419,23 +428,34 @@ class CompressionService:
             return
         await self._start_background(sid)
 
-    async def make_room(self, session_id: str, entry: Entry, prompt: Prompt) -> bool:
+    async def make_room(self, session_id: str, entry: Entry, prompt: Prompt, question: int | None) -> bool:
         """Issue 9: a turn about to send a hard-trimmed request compresses first, when
         R-TRIG-3 would start a compression after it anyway (the usage line on, E / 2
         compressible, no back-off waiting): the same run one request earlier, so the
-        turn that compresses is not the turn that is trimmed. The turn waits for it."""
+        turn that compresses is not the turn that is trimmed. The turn waits for it.
+
+        Unlike a background run (R-RUN-1: the span ends at the snapshot's end), this run
+        ends its span before `question`, the turn's earliest unanswered question: the
+        reason for the turn must reach the model verbatim, not only through the summary.
+        R-TRIG-3's E / 2 is judged on what lies before that cut, since only that can be
+        compressed; below it the turn is sent hard-trimmed instead (the trim keeps the
+        newest messages, so the question is sent) and its end is judged as usual.
+        """
         model = self.registry.resolve("chat")
         if model is None or session_id in self._runs:
             return False  # a background run commits after this turn
         if not (await self._backoff_of(session_id)).may_run():
             return False
+        history = await self.store.get_history(session_id)
+        end = cut_point(history) if question is None else cut_before_question(history, question)
+        compressible = sum(estimate_stored(m) for m in history[:end] if m.is_conversation)
         facts = UsageFacts(
             turn_id="make_room",
             usage=prompt.estimate,
             window=model.context_window,
             trim_budget=self.agent.trim_budget_of(model),
             trimmed=True,
-            untrimmed_history=prompt.untrimmed_history,
+            untrimmed_history=compressible,
             history_messages=0,
             history_limit=None,
             platform=entry.platform,
@@ -443,7 +463,7 @@ class CompressionService:
         )
         if not usage_due(facts, await self.compress_at(session_id, entry.platform, entry.platform_type)):
             return False
-        result = await self._run_counted(session_id, in_turn=True)
+        result = await self._run_counted(session_id, _Run(in_turn=True, question=question))
         return result is not None and result.outcome == "done"
 
     async def _start_background(self, sid: str) -> None:
@@ -527,12 +547,12 @@ class CompressionService:
     async def _background_run(self, session_id: str) -> None:
         if session_id in self._runs:  # R-PROG-3: the background skips
             return
-        await self._run_counted(session_id)
+        await self._run_counted(session_id, _Run())
 
-    async def _run_counted(self, session_id: str, *, in_turn: bool = False) -> CompressionResult | None:
+    async def _run_counted(self, session_id: str, run: _Run) -> CompressionResult | None:
         """A run nobody awaits the error of: a failure backs off (R-BACK-3); None then."""
         try:
-            return await self._run(session_id, in_turn=in_turn)
+            return await self._run(session_id, run)
         except (CompressionError, StoreError) as err:  # warned about in the run already
             # R-BACK-4: a run cancelled by a clear is no failure
             if not isinstance(err, CompressionCancelled):
@@ -543,8 +563,7 @@ class CompressionService:
         return None
 
     # ---- the run (R-RUN, R-FAIL, R-PROG) ------------------------------------------------
-    async def _run(self, session_id: str, *, in_turn: bool = False) -> CompressionResult:
-        run = _Run(in_turn=in_turn)
+    async def _run(self, session_id: str, run: _Run) -> CompressionResult:
         self._runs[session_id] = run
         started = time.perf_counter()
         try:
@@ -585,7 +604,11 @@ class CompressionService:
         except Exception as err:  # R-PROG-2: failing before start: no events
             logger.warning(f"memsum: cannot read the history of {session_id}: {err}")
             raise CompressionError("读不出会话历史") from err
-        span = snapshot[: cut_point(snapshot)]
+        # R-RUN-1; a run inside a turn ends before the turn's question (make_room). The commit's
+        # check (R-RUN-11: the re-read head equals the span) and its count after the cut
+        # (R-BACK-2: the question and what follows) hold for the shorter span as they are.
+        end = cut_point(snapshot) if run.question is None else cut_before_question(snapshot, run.question)
+        span = snapshot[:end]
         units = build_units(span)
         if not has_conversation(units):  # R-PROG-2: nothing to do, no events
             return CompressionResult(session_id, "nothing")

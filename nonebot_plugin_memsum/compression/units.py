@@ -108,6 +108,23 @@ def cut_point(snapshot: Sequence[Message]) -> int:
     return len(snapshot)
 
 
+def cut_before_question(snapshot: Sequence[Message], question: int) -> int:
+    """Issue 9: the cut of a run inside a turn, before that turn's earliest unanswered
+    question (the stored message with id `question`), so the question and everything after
+    it stay active and reach the model verbatim.
+
+    Never later than R-RUN-1's cut, and never inside a tool group (R-RUN-1, R-RUN-2): a
+    group whose call is before the cut and a result after it moves the cut before its
+    assistant message, as an unfinished group at the end does.
+    """
+    end = next((i for i, m in enumerate(snapshot) if m.id is not None and m.id >= question), len(snapshot))
+    end = min(end, cut_point(snapshot))
+    groups = _group_tool_calls(snapshot)
+    while split := [h for h, results in groups.results.items() if h < end and any(r >= end for r in results)]:
+        end = min(split)
+    return end
+
+
 def visible_text(m: Message) -> str:
     """An assistant's words: `visibleContent` when the stored content is a JSON envelope."""
     if m.content.lstrip().startswith("{"):
