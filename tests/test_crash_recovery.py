@@ -181,6 +181,9 @@ async def test_a_reply_is_marked_as_being_sent_before_it_goes_out(
 
     assert await rt.agent.run_turn(group(1).id, reply, ENTRY) == "replied"
     assert seen == [(q.id, "sending")]
+    # Issue 9: the `sent` mark waits in memory and goes with the usage rows, within a second.
+    assert replies_row(tmp_path / "memsum.db", group(1).id) == (q.id, "sending")
+    assert await rt.store.replies_being_sent() == []  # writes what waits before it reads
     assert replies_row(tmp_path / "memsum.db", group(1).id) == (q.id, "sent")
     assert await rt.store.pending_questions(0) == []
     later = await rt.agent.record(group(1), said("还有一个问题", asks=True))
@@ -340,3 +343,25 @@ async def test_ten_thousand_sessions_leave_bounded_state_behind(
     assert len(rt.agent._locks) == 0
     assert rt.agent._workers == {}
     assert rt.compression._turn_epoch == {}
+
+
+async def test_a_sent_mark_waiting_in_memory_never_marks_a_newer_reply_sent(tmp_path: Path) -> None:
+    # Issue 9: `sent` is written within a second; a newer reply of the session marked
+    # `sending` meanwhile stays `sending` (a crash now must not count it as sent).
+    from nonebot_plugin_memsum.store import Store
+
+    store = Store(tmp_path / "memsum.db")
+    await store.open()
+    try:
+        first = await store.append("s", said("第一问", asks=True))
+        second = await store.append("s", said("第二问", asks=True))
+        assert first.id is not None
+        assert second.id is not None
+        await store.mark_reply("s", first.id, "sending")
+        store.mark_sent("s", first.id)
+        await store.mark_reply("s", second.id, "sending")
+        assert await store.replies_being_sent() == [("s", second.id)]
+        store.mark_sent("s", second.id)
+    finally:
+        await store.close()  # writes what waits
+    assert replies_row(tmp_path / "memsum.db", "s") == (second.id, "sent")

@@ -62,6 +62,8 @@ def _jumps(history: Sequence[Message]) -> list[int]:
     """For each index inside a group (after its call), the index right after the group."""
     firsts = dict(_group_spans(history))
     jump = list(range(len(history) + 1))
+    if not firsts:  # no tool-call group: every index is a safe start
+        return jump
     reach = -1
     for k in range(1, len(history)):
         reach = max(reach, firsts.get(k - 1, -1))
@@ -175,6 +177,8 @@ class Prompt:
     estimate: int
     untrimmed_history: int
     trimmed: bool
+    conversation: int = 0
+    """Conversation messages in the history before any trimming (R-TRIG-4's count)."""
 
 
 def assemble(
@@ -188,7 +192,8 @@ def assemble(
     estimate_text: Callable[[str], int],
 ) -> Prompt:
     """System parts (persona, contributions, `context` last), then the trimmed history."""
-    counted = sendable(count_trim(history, history_limit))
+    conv = conversation(history)
+    counted = sendable(count_trim(conv, history_limit))
     fixed = REQUEST_OVERHEAD + sum(estimate_text(p) + MESSAGE_OVERHEAD for p in system_parts if p)
     if tools:
         fixed += estimate_text(json.dumps(list(tools), ensure_ascii=False))
@@ -213,6 +218,7 @@ def assemble(
         estimate=fixed + kept_tokens,
         untrimmed_history=untrimmed,
         trimmed=trimmed,
+        conversation=len(conv),
     )
 
 

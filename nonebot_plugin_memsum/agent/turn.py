@@ -179,13 +179,17 @@ class Agent:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def system_parts(self, session_id: str, entry: Entry = Entry()) -> list[str]:
-        """Persona (a layered setting), contributions by anchor in registration order,
-        `context` last, the summary last of all (R-INJ-1)."""
-        persona = await self.settings.effective(
-            "persona", session_id, entry_platform=entry.platform, entry_type=entry.platform_type
-        )
-        parts = [str(persona.value)]
+    async def system_parts(
+        self, session_id: str, entry: Entry = Entry(), persona: str | None = None
+    ) -> list[str]:
+        """Persona (a layered setting; `persona`: already resolved by the caller), contributions
+        by anchor in registration order, `context` last, the summary last of all (R-INJ-1)."""
+        if persona is None:
+            resolved = await self.settings.effective(
+                "persona", session_id, entry_platform=entry.platform, entry_type=entry.platform_type
+            )
+            persona = str(resolved.value)
+        parts = [persona]
         for anchor, fn in contribution_order(self._contributions, self._summary):
             try:
                 text = await fn(session_id)
@@ -203,9 +207,14 @@ class Agent:
         model = self.registry.resolve("chat")
         if model is None:
             raise NoChatModel
-        limit = await self.history_limit(session_id, entry)
+        settings = await self.settings.effective_all(
+            session_id, entry_platform=entry.platform, entry_type=entry.platform_type
+        )
+        limit, persona = int(settings["history_limit"].value), str(settings["persona"].value)
         tools = self.tools.schemas() if with_tools else []
-        _, prompt = await self._read_prompt(session_id, entry, limit, self.trim_budget_of(model), tools)
+        _, prompt = await self._read_prompt(
+            session_id, entry, limit, persona, self.trim_budget_of(model), tools
+        )
         return prompt
 
     def _append(self, session_id: str, msg: Message) -> Awaitable[Message]:
@@ -289,7 +298,7 @@ class Agent:
             return
         await self.store.mark_reply(session_id, upto, "sending")
         await _quietly(reply, text)
-        await self.store.mark_reply(session_id, upto, "sent")
+        self.store.mark_sent(session_id, upto)
 
     # ---- the turn ---------------------------------------------------------------
     async def _work(self, session_id: str, reply: ReplyFn, entry: Entry) -> None:
@@ -317,6 +326,7 @@ class Agent:
             session_id, entry_platform=entry.platform, entry_type=entry.platform_type
         )
         limit, compress_at = int(settings["history_limit"].value), settings["compress_at"]
+        persona = str(settings["persona"].value)
         budget = self.trim_budget_of(model)
         reserve = self.reply_reserve(model.max_output_tokens)
         line = None
@@ -328,18 +338,20 @@ class Agent:
         for round_no in range(self.config.memsum_max_tool_rounds + 1):
             offer_tools = round_no < self.config.memsum_max_tool_rounds
             tools = self.tools.schemas() if offer_tools else []
-            history, prompt = await self._read_prompt(session_id, entry, limit, budget, tools)
+            history, prompt = await self._read_prompt(session_id, entry, limit, persona, budget, tools)
             if prompt.trimmed and not made_room and self._make_room is not None:
                 # Issue 9: compress now rather than send a trimmed request, at most once a turn.
                 made_room = True
                 question = await self.first_question(session_id, history)
                 if await self._make_room(session_id, entry, prompt, question):
-                    history, prompt = await self._read_prompt(session_id, entry, limit, budget, tools)
+                    history, prompt = await self._read_prompt(
+                        session_id, entry, limit, persona, budget, tools
+                    )
             if history and history[-1].id is not None:
                 stats.read = history[-1].id
             # R-TRIG-4: the active count at turn start plus the turn's tool calls and results
             # and the inputs that came in meanwhile: all of it is in this read.
-            count = sum(m.is_conversation for m in history)
+            count = prompt.conversation
             facts = {
                 "session_id": session_id,
                 "platform": entry.platform,
@@ -396,7 +408,7 @@ class Agent:
             if reply is not None:
                 await _quietly(reply, text)
             if stats.read is not None:
-                await self.store.mark_reply(session_id, stats.read, "sent")
+                self.store.mark_sent(session_id, stats.read)
             return "replied"
         raise RuntimeError("unreachable: the last round offers no tools")
 
@@ -415,11 +427,17 @@ class Agent:
         return next(asked, None)
 
     async def _read_prompt(
-        self, session_id: str, entry: Entry, limit: int, budget: int, tools: list[dict[str, Any]]
+        self,
+        session_id: str,
+        entry: Entry,
+        limit: int,
+        persona: str,
+        budget: int,
+        tools: list[dict[str, Any]],
     ) -> tuple[list[Message], Prompt]:
         history = await self.store.get_history(session_id)
         prompt = assemble(
-            await self.system_parts(session_id, entry),
+            await self.system_parts(session_id, entry, persona),
             history,
             history_limit=limit,
             trim_budget=budget,

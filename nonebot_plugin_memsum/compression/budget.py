@@ -8,6 +8,7 @@ the specification says: ⌊ ⌋ for the keep cap, ⌈ ⌉ for max_tokens.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -37,6 +38,7 @@ def finite_positive(value: Number | None) -> Fraction | None:
     return v if v > 0 else None
 
 
+@functools.lru_cache(maxsize=256)  # every turn asks it twice, with the same few numbers
 def compression_line(
     compress_at: Number | None, window: Number | None, trim_budget: Number | None
 ) -> Fraction | None:

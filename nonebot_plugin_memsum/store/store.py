@@ -638,6 +638,9 @@ class Store:
         """Active histories, kept in step by every write that goes through a Tx."""
         self._ledger: list[tuple[Any, ...]] = []
         """Usage rows not written yet (`record_usage`)."""
+        self._sent: dict[str, int] = {}
+        """Sessions whose reply up to this message id went out, the `sent` mark not written yet
+        (`mark_sent`)."""
         self._ledger_timer: asyncio.TimerHandle | None = None
         self._ledger_task: asyncio.Task[None] | None = None
 
@@ -691,8 +694,8 @@ class Store:
             if self._ledger_timer is not None:
                 self._ledger_timer.cancel()
                 self._ledger_timer = None
-            if self._db is not None and self._ledger:
-                await Tx(self._db, self._ledger).write_ledger()  # never lost on shutdown
+            if self._db is not None and (self._ledger or self._sent):
+                await self._write_batched(Tx(self._db, self._ledger))  # never lost on shutdown
             db, self._db = self._db, None
             if db is None:
                 return
@@ -949,9 +952,18 @@ class Store:
         async with self._statement() as tx:
             await tx.mark_reply(session_id, upto, state)
 
+    def mark_sent(self, session_id: str, upto: int) -> None:
+        """The reply to the questions up to `upto` went out: its `sent` mark is written with
+        the usage rows, within LEDGER_DELAY seconds (or at close), not in a trip of its own.
+        A crash before that leaves it `sending`, as a crash during the send would: reported
+        at the next start, never sent again."""
+        self._sent[session_id] = max(upto, self._sent.get(session_id, 0))
+        self._write_soon()
+
     async def replies_being_sent(self) -> list[tuple[str, int]]:
         """(session id, upto) of the replies marked `sending` and never `sent`: a crash came
         between the mark and the send's end; they are not sent again."""
+        await self.flush_ledger()
         async with self._statement() as tx:
             rows = await tx._fetch("SELECT session_id, upto FROM replies WHERE state = 'sending'")
         return [(r[0], int(r[1])) for r in rows]
@@ -969,6 +981,9 @@ class Store:
         any query of the ledger, or at close): a model call costs no trip to the database.
         A crash (not a shutdown) can lose the last second's rows."""
         self._ledger.append((session_id, purpose, model, tokens_in, tokens_out, tokens_cached, clock.now()))
+        self._write_soon()
+
+    def _write_soon(self) -> None:
         if self._ledger_timer is None:
             self._ledger_timer = asyncio.get_running_loop().call_later(LEDGER_DELAY, self._flush_ledger_soon)
 
@@ -976,13 +991,27 @@ class Store:
         self._ledger_timer = None
         self._ledger_task = asyncio.ensure_future(self.flush_ledger())
 
+    async def _write_batched(self, tx: Tx) -> None:
+        if self._sent:
+            sent, self._sent = self._sent, {}
+            try:
+                # Only the mark it was for: a newer reply of the session may be `sending` now.
+                await tx._live().executemany(
+                    "UPDATE replies SET state = 'sent' WHERE session_id = ? AND upto = ?", list(sent.items())
+                )
+            except StoreError:
+                self._sent = sent | self._sent  # kept for the next attempt
+                raise
+        if self._ledger:
+            await tx.write_ledger()
+
     async def flush_ledger(self) -> None:
-        """Write the usage rows waiting in memory now."""
-        if not self._ledger or self._db is None:
+        """Write the usage rows and `sent` marks waiting in memory now."""
+        if not (self._ledger or self._sent) or self._db is None:
             return
         try:
             async with self._statement() as tx:
-                await tx.write_ledger()
+                await self._write_batched(tx)
         except StoreError as err:
             # Kept for the next flush or the close; the ledger is bookkeeping, never a turn's failure.
             logger.warning(f"memsum: writing the usage ledger failed: {err}")
