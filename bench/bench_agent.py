@@ -24,6 +24,7 @@ import asyncio
 import cProfile
 import pstats
 import random
+import shutil
 import sqlite3
 import statistics
 import sys
@@ -200,6 +201,12 @@ async def main() -> None:
         " 0: nothing archived",
     )
     parser.add_argument("--profile", action="store_true", help="print a cProfile of the random-session turns")
+    parser.add_argument(
+        "--reuse",
+        type=Path,
+        help="keep the filled file here (filled the first time) and run on a copy of it: before/after"
+        " runs then skip the minutes of the bulk fill",
+    )
     args = parser.parse_args()
     per_session = args.messages // args.sessions
     active = min(args.active or per_session, per_session)
@@ -211,13 +218,18 @@ async def main() -> None:
     config = Config(memsum_models=[model])
     with tempfile.TemporaryDirectory(prefix="memsum-bench-agent-") as tmp:
         path = Path(tmp) / "agent.db"
-        rt = await runtime.build(config, path, ["小记"], {"10001"})
-        await runtime.close(rt)  # the schema through the real migrations
-        elapsed = await asyncio.to_thread(_fill, path, args.messages, args.sessions, active)
-        _report(
-            f"bulk fill {args.messages:,} messages / {args.sessions:,} sessions",
-            f"{elapsed:.1f} s, {active:,} active per session",
-        )
+        if args.reuse is None or not args.reuse.exists():
+            target = args.reuse or path
+            rt = await runtime.build(config, target, ["小记"], {"10001"})
+            await runtime.close(rt)  # the schema through the real migrations
+            elapsed = await asyncio.to_thread(_fill, target, args.messages, args.sessions, active)
+            _report(
+                f"bulk fill {args.messages:,} messages / {args.sessions:,} sessions",
+                f"{elapsed:.1f} s, {active:,} active per session",
+            )
+        if args.reuse is not None:
+            shutil.copyfile(args.reuse, path)
+            _report("file", f"a copy of {args.reuse}")
         rng = random.Random(7)
         everyone = list(range(args.sessions))
         profiler = cProfile.Profile() if args.profile else None
