@@ -550,7 +550,7 @@ async def _handle(
 ) -> None:
     command: Command = state[_CHOSEN]
     name = command.name or CONFIRM_WORD
-    onebot.release_arrival(state)  # a command is never stored; a long /压缩 must not hold later messages
+    onebot.release_arrival(event)  # a command is never stored; a long /压缩 must not hold later messages
     if str(event.user_id) == bot.self_id:
         await matcher.finish()  # the bot's own message echoed back (a reply starting with "/")
     record, _ = onebot.record_of(bot, event)

@@ -7,9 +7,11 @@ from typing import Any
 
 from nonebot.adapters.onebot.v11 import GroupMessageEvent, Message, MessageSegment, PokeNotifyEvent
 from nonebot.adapters.onebot.v11.event import Sender
+from nonebug import App
 
 from nonebot_plugin_memsum import runtime
 from nonebot_plugin_memsum.onebot import group_record, record_message, record_notice
+from tests.fakes.nonebug import SELF_ID, group_msg, history, new_group, run
 
 GROUP_ID = 880_001
 
@@ -122,3 +124,29 @@ async def test_a_burst_is_stored_in_arrival_order_whatever_order_its_handlers_ru
     await asyncio.gather(*tasks)
     history = await runtime.get().store.get_history(sid)
     assert [m.content for m in history] == [*(f"[用户5(5)] 第{i}条" for i in range(4)), "[用户5(5)] 命令之后"]
+
+
+async def test_a_message_another_plugin_takes_does_not_hold_back_the_next_one(app: App) -> None:
+    # Another plugin's matcher above ours blocks a message: no handler of ours ever sees
+    # it, and its arrival ticket goes once NoneBot is done with the event, so the group's
+    # next message is stored, not left waiting for one that never will be.
+    from nonebot import on_message
+    from nonebot.rule import keyword
+
+    other = on_message(rule=keyword("拦下"), priority=10, block=True)
+    taken: list[str] = []
+
+    @other.handle()
+    async def _(event: GroupMessageEvent) -> None:
+        taken.append(event.get_plaintext())
+
+    group = new_group()
+    try:
+        await asyncio.wait_for(run(app, group_msg("拦下 这条归别的插件", group), None), 60)
+        await asyncio.wait_for(run(app, group_msg("这条照常记录", group), None), 60)
+    finally:
+        other.destroy()
+    assert taken == ["拦下 这条归别的插件"]
+    stored = await history(group_record(SELF_ID, group).id)
+    assert [m.content for m in stored] == ["[用户10001(10001)] 这条照常记录"]
+    assert len(runtime.get().onebot.arrivals) == 0

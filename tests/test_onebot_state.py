@@ -89,3 +89,26 @@ async def test_keyed_locks_serialise_in_arrival_order_and_then_go() -> None:
     await asyncio.gather(*(hold(i) for i in range(5)))
     assert order == [0, 1, 2, 3, 4]
     assert len(locks) == 0
+
+
+async def test_a_ticket_taken_for_an_event_is_released_with_it() -> None:
+    # What NoneBot drops without any handler of ours storing it (another plugin blocked
+    # it) must not hold back the session's later messages: the preprocessor releases it
+    # when the event's handling ends.
+    class Event:
+        pass
+
+    arrivals = Arrivals()
+    event = Event()
+    first = arrivals.take_for(event, "s")
+    assert arrivals.of(event) == first
+    assert arrivals.of(Event()) is None
+    later = arrivals.take("s")
+    waiting = asyncio.create_task(arrivals.wait_turn(later))
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    arrivals.release(event)
+    await waiting
+    assert arrivals.of(event) is None
+    arrivals.done(later)
+    assert len(arrivals) == 0

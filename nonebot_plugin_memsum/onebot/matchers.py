@@ -29,36 +29,37 @@ from .render import is_empty
 from .send import replier
 from .sessions import entry_of, group_session_id, private_session_id
 
-_ARRIVAL = "memsum_arrival"
 
-
-def release_arrival(state: T_State) -> None:
+def release_arrival(event: Event) -> None:
     """This event will not be stored (a command): later messages need not wait for it."""
-    if (arrival := state.get(_ARRIVAL)) is not None:
-        runtime.get().onebot.arrivals.done(arrival)
+    arrivals = runtime.get().onebot.arrivals
+    if (arrival := arrivals.of(event)) is not None:
+        arrivals.done(arrival)
 
 
-def _session_of(bot: Bot, event: Event) -> str | None:
+def _session_of(event: Event) -> str | None:
     """The session a message or notice belongs to (its group, else its private peer)."""
+    if isinstance(event, GroupMessageEvent):
+        return group_session_id(event.self_id, event.group_id)
     if isinstance(event, MessageEvent):
-        if isinstance(event, GroupMessageEvent):
-            return group_session_id(bot.self_id, event.group_id)
-        return private_session_id(bot.self_id, event.user_id)
-    if isinstance(event, NoticeEvent) and (where := notice_record(bot, event.model_dump())) is not None:
+        return private_session_id(event.self_id, event.user_id)
+    if isinstance(event, NoticeEvent) and (where := notice_record(event.self_id, event.model_dump())):
         return where[0].id
     return None
 
 
-async def _arrival_ticket(bot: Bot, event: Event, state: T_State) -> AsyncIterator[None]:
-    if (sid := _session_of(bot, event)) is None:
+async def _arrival_ticket(event: Event) -> AsyncIterator[None]:
+    # One parameter: NoneBot solves each parameter of each dependency in a task of its own
+    # (with bot and state as well this came to about a tenth of the CPU of a message).
+    if (sid := _session_of(event)) is None:
         yield
         return
     arrivals = runtime.get().onebot.arrivals
-    state[_ARRIVAL] = arrival = arrivals.take(sid)
+    arrivals.take_for(event, sid)
     try:
         yield
     finally:  # on the event's own exit stack: released however its handling ends
-        arrivals.done(arrival)
+        arrivals.release(event)
 
 
 async def answer_if_allowed(
@@ -106,16 +107,18 @@ def register_matchers(priority: int, is_command: Callable[[T_State], bool]) -> N
         if is_empty(event.original_message) and event.reply is None:
             return  # a malformed event with nothing in it: nothing said, nothing to answer
         if is_command(state):
-            release_arrival(state)
+            release_arrival(event)
             return  # one of our commands its sender may not use: not ours to handle
         place, _ = record_of(bot, event)
         mode = await runtime.get().controls.mode(place)
         if mode == "off":
-            release_arrival(state)
+            release_arrival(event)
             logger.debug(f"memsum: not recording a message of {place.id}: mode off")
             return
         asks = mode == "on" and (isinstance(event, PrivateMessageEvent) or event.is_tome())
-        record, msg = await record_message(bot, event, state.get(_ARRIVAL), addressed=asks)
+        record, msg = await record_message(
+            bot, event, runtime.get().onebot.arrivals.of(event), addressed=asks
+        )
         if msg is None:
             return  # fetched on connect already, and answered from there
         if mode == "record":
@@ -125,5 +128,5 @@ def register_matchers(priority: int, is_command: Callable[[T_State], bool]) -> N
             await answer_if_allowed(bot, event, record, msg.id)
 
     @notices.handle()
-    async def _(bot: Bot, event: NoticeEvent, state: T_State) -> None:
-        await record_notice(bot, event, state.get(_ARRIVAL))
+    async def _(bot: Bot, event: NoticeEvent) -> None:
+        await record_notice(bot, event, runtime.get().onebot.arrivals.of(event))

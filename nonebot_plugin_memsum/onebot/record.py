@@ -103,14 +103,14 @@ def _mentioned(segments: Iterable[tuple[str, Mapping[str, Any]]]) -> list[str]:
     ]
 
 
-def notice_record(bot: Bot, payload: Mapping[str, Any]) -> tuple[SessionRecord, int | None] | None:
+def notice_record(self_id: int | str, payload: Mapping[str, Any]) -> tuple[SessionRecord, int | None] | None:
     """A notice's session (its group, else the private peer) and group, or None."""
     group_id = payload.get("group_id")
     user_id = payload.get("user_id")
     if group_id:
-        return group_record(bot.self_id, group_id), int(group_id)
+        return group_record(self_id, group_id), int(group_id)
     if user_id:
-        return private_record(bot.self_id, user_id), None
+        return private_record(self_id, user_id), None
     return None
 
 
@@ -121,7 +121,7 @@ async def record_notice(bot: Bot, event: NoticeEvent, arrival: Arrival | None = 
     rt = runtime.get()
     payload = event.model_dump()
     try:
-        where = notice_record(bot, payload)
+        where = notice_record(bot.self_id, payload)
         if where is None:
             return None
         record, group_id = where

@@ -158,11 +158,28 @@ class Arrivals:
     def __init__(self) -> None:
         self._tickets = itertools.count()
         self._open: defaultdict[str, dict[int, asyncio.Event]] = defaultdict(dict)
+        self._of_event: dict[int, Arrival] = {}
+        """Tickets by the id of the event they were taken for, while it is handled."""
 
     def take(self, session_id: str) -> Arrival:
         ticket = next(self._tickets)
         self._open[session_id][ticket] = asyncio.Event()
         return session_id, ticket
+
+    def take_for(self, event: object, session_id: str) -> Arrival:
+        """A ticket that belongs to `event` while it is handled (`of(event)` finds it;
+        `release(event)` when NoneBot is done with it)."""
+        arrival = self._of_event[id(event)] = self.take(session_id)
+        return arrival
+
+    def of(self, event: object) -> Arrival | None:
+        """The ticket taken for this event, if any."""
+        return self._of_event.get(id(event))
+
+    def release(self, event: object) -> None:
+        """The event is handled: its ticket, if still open, is done."""
+        if (arrival := self._of_event.pop(id(event), None)) is not None:
+            self.done(arrival)
 
     async def wait_turn(self, arrival: Arrival) -> None:
         """Until every earlier event of the session is stored or dropped."""
