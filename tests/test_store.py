@@ -605,3 +605,19 @@ async def test_a_write_that_fails_at_commit_rolls_back_the_whole_transaction(loc
         assert await store.replies_being_sent() == [(SID, kept.id)]
     finally:
         await store.close()
+
+
+async def test_archive_span_by_id_ranges_leaves_other_sessions_and_kept_ones_alone(store: Store) -> None:
+    # Issue 9: the span is archived one id range per stretch between kept originals; another
+    # session's messages inside those ranges stay active (R-RUN-12: kept ones are not written).
+    mine, theirs = [], []
+    for i in range(6):
+        mine.append(await store.append(SID, _msg(f"[甲(1)] {i}", ts=float(i))))
+        theirs.append(await store.append("onebot:group:456", _msg(f"[乙(2)] {i}", ts=float(i))))
+
+    assert await store.archive_span(SID, 5, keep={0, 3}) == 3
+
+    assert await store.get_history(SID) == [mine[0], mine[3], mine[5]]
+    assert await store.get_archived(SID) == [mine[1], mine[2], mine[4]]
+    assert await store.get_history("onebot:group:456") == theirs
+    assert await store.count_active(SID) == 3
