@@ -13,7 +13,8 @@ separate process (its CPU is not charged) and counts calls, o200k request tokens
 requests over the window and TCP connections.
 
 Printed per window: summariser calls and input tokens, chat input tokens, turns the
-plugin hard-trimmed, requests over the window (input + max_tokens > W), summariser
+plugin hard-trimmed, turns whose request did not end with the message that asked (summarised
+or trimmed away), requests over the window (input + max_tokens > W), summariser
 requests per compression, compressions refused, the chat estimate against the server's
 count, connections opened, and the plugin's CPU per turn (everything it does for the
 messages and turns, the harness's control calls excluded).
@@ -250,14 +251,13 @@ async def replay(
         profile.enable()
     try:
         for rec in log:
+            content = f"[{rec['card']}({rec['uid']})] {rec['text']}"
             if rec["to_bot"]:
                 h = time.process_time_ns()
-                server.ctl("POST", "/ctl/turn", {"reply": rec["reply"]})
+                server.ctl("POST", "/ctl/turn", {"reply": rec["reply"], "asked": content})
                 out.harness_ns += time.process_time_ns() - h
             t0 = time.process_time_ns()
-            msg = api.Message(
-                role="user", content=f"[{rec['card']}({rec['uid']})] {rec['text']}", name=rec["uid"]
-            )
+            msg = api.Message(role="user", content=content, name=rec["uid"])
             await api.record(session, msg)
             if rec["to_bot"]:
                 await api.run_turn(session.id, silent, entry)
@@ -288,6 +288,7 @@ def report(r: Replay) -> None:
         ("chat input tokens", f"{c['chat_in']:,}"),
         ("chat + summariser input tokens", f"{c['chat_in'] + c['summ_in']:,}"),
         ("turns / hard-trimmed turns", f"{r.turns} / {r.trimmed}"),
+        ("turns not ending with the message that asked", c["asked_missing"]),
         ("requests over the window (input + max_tokens)", c["over_window"]),
         ("compressions / refused", f"{len(r.per_compression)} / {len(r.refusals)}"),
         ("summariser requests per compression: max / mean", f"{max(per)} / {statistics.mean(per):.1f}"),

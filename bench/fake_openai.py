@@ -11,8 +11,9 @@ Its CPU is never charged to the plugin. POST /v1/chat/completions answers a stre
 
 It counts, since the last POST /ctl/reset: chat and summariser calls, their input
 tokens (o200k_base: content + 3 per message + 3 per request, plus the tool schemas),
-requests whose input + max_tokens is over the window, and the TCP connections it
-accepted (the harness's own control connection apart). GET /ctl/count reports them.
+requests whose input + max_tokens is over the window, chat requests whose last message does
+not hold the message that asked for the turn (POST /ctl/turn's `asked`), and the TCP
+connections it accepted (the harness's own control connection apart). GET /ctl/count reports them.
 """
 
 from __future__ import annotations
@@ -85,8 +86,10 @@ class State:
         self.reply = "好的"
         self.c = {
             "chat": 0, "chat_in": 0, "summ": 0, "summ_in": 0, "summ_out": 0, "summ_cached_prefix": 0,
-            "over_window": 0, "connections": 0, "harness_connections": 0,
+            "over_window": 0, "connections": 0, "harness_connections": 0, "asked_missing": 0,
         }  # fmt: skip
+        self.asked = ""
+        """The message that asked for the current turn: a chat request not ending with it counts."""
         self.last_summary_system = ""
 
     def summary(self, n_in: int) -> str:
@@ -143,6 +146,7 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/ctl/turn":
             with STATE.lock:
                 STATE.reply = str(body["reply"])
+                STATE.asked = str(body.get("asked", ""))
             self._json({"ok": True})
         else:
             self._complete(body)
@@ -164,6 +168,8 @@ class Handler(BaseHTTPRequestHandler):
                 STATE.last_summary_system = system
             else:
                 text = STATE.reply
+                if STATE.asked and STATE.asked not in str(messages[-1].get("content") or ""):
+                    STATE.c["asked_missing"] += 1  # summarised or trimmed away
                 STATE.c["chat"] += 1
                 STATE.c["chat_in"] += n_in
         n_out = count(text)
