@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from nonebot_plugin_memsum.compression.units import (
     ASSISTANT_PREFIX,
     annotate,
     build_units,
+    cut_before_question,
     cut_point,
     has_conversation,
     number_units,
@@ -48,6 +50,30 @@ def test_r_run_1_only_the_last_item_matters() -> None:
     # the unfinished group is not the last item: cut at the end, the group goes in as incomplete
     snapshot = [assistant("", ("c1", "weather", "{}")), user("[甲(1)] 还在吗")]
     assert cut_point(snapshot) == 2
+
+
+def stored(*messages: Message) -> list[Message]:
+    """Messages with the ids the store gives them, 1, 2, … in storage order."""
+    return [replace(m, id=i) for i, m in enumerate(messages, 1)]
+
+
+def test_r_run_1_in_turn_cut_before_the_question_and_never_inside_a_tool_group() -> None:
+    # Issue 9: the in-turn run ends before the turn's question (id 3) ...
+    plain = stored(user("[甲(1)] 早"), assistant("早"), user("@小助手 几点了"), user("[乙(2)] 插话"))
+    assert cut_before_question(plain, 3) == 2
+    assert cut_before_question(plain, 1) == 0  # nothing before the question
+    assert cut_before_question(plain, 99) == cut_point(plain)  # never later than R-RUN-1's cut
+    # ... but before the assistant of a group whose call is before it and a result after it
+    split = stored(
+        user("[甲(1)] 查天气"),
+        assistant("", ("c1", "weather", "{}")),
+        user("@小助手 查到了吗"),
+        result("c1", "晴"),
+    )
+    assert cut_before_question(split, 3) == 1
+    # an old group that never got its result does not hold the cut back (it is no split)
+    dangling = stored(assistant("", ("c0", "weather", "{}")), user("[甲(1)] 在吗"), user("@小助手 在吗"))
+    assert cut_before_question(dangling, 3) == 2
 
 
 def test_r_run_2_tool_group_is_one_unit_and_interleaved_messages_follow_it() -> None:
