@@ -134,6 +134,20 @@ class Db(ABC):
     ) -> int:
         """Run the message's INSERT (and on PostgreSQL index it for search); its id."""
 
+    async def insert_message_unless(
+        self,
+        found: tuple[str, Sequence[Any]],
+        sql: str,
+        params: Sequence[Any],
+        session_id: str,
+        msg: Message,
+        ts: float,
+    ) -> int | None:
+        """`insert_message`, unless the query `found` returns a row: None then."""
+        if await self.fetch(*found):
+            return None
+        return await self.insert_message(sql, params, session_id, msg, ts)
+
     @abstractmethod
     async def forget(self, session_id: str) -> None:
         """Everything the session stored so far leaves the search index for good."""
@@ -254,6 +268,25 @@ class SqliteDb(Db):
         """The INSERT alone: the runtime's background batches index new messages
         (store/search.py), and a search first indexes what still waits."""
         return await self.insert(sql, params)
+
+    async def insert_message_unless(
+        self,
+        found: tuple[str, Sequence[Any]],
+        sql: str,
+        params: Sequence[Any],
+        session_id: str,
+        msg: Message,
+        ts: float,
+    ) -> int | None:
+        # The check and the INSERT in one trip to aiosqlite's thread: every message
+        # recorded live takes this path (issue 15), and each trip wakes that thread and
+        # the event loop once. Nothing else runs on the connection in between.
+        def run(conn: sqlite3.Connection) -> int | None:
+            if conn.execute(*found).fetchone() is not None:
+                return None
+            return conn.execute(sql, params).lastrowid
+
+        return await self._call(run, "write")
 
     async def forget(self, session_id: str) -> None:
         try:

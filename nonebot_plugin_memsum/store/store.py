@@ -243,6 +243,10 @@ class Tx:
         new_id = await db.insert_message(
             _INSERT_MESSAGE, _message_params(session_id, msg, ts), session_id, msg, ts
         )
+        return self._stored(session_id, msg, new_id, ts)
+
+    def _stored(self, session_id: str, msg: Message, new_id: int, ts: float) -> Message:
+        """The message as stored, noted for the history cache."""
         stored = replace(msg, id=new_id, ts=ts)
         self._appended.append((session_id, stored))
         return stored
@@ -250,16 +254,17 @@ class Tx:
     async def append_once(self, session_id: str, msg: Message) -> Message | None:
         """`append`, unless a message with the same `platform_id` is stored already
         (within DEDUP_SECONDS): then None. A message without a platform id is always stored."""
-        if msg.platform_id is not None:
-            ts = msg.ts or clock.now()
-            rows = await self._fetch(
-                "SELECT 1 FROM messages WHERE session_id = ? AND platform_id = ? AND ts >= ? LIMIT 1",
-                (session_id, msg.platform_id, ts - DEDUP_SECONDS),
-            )
-            if rows:
-                return None
-        # `append` indexes it for recall and keeps the history cache in step.
-        return await self.append(session_id, msg)
+        if msg.platform_id is None:
+            return await self.append(session_id, msg)
+        ts = msg.ts or clock.now()
+        found = (
+            "SELECT 1 FROM messages WHERE session_id = ? AND platform_id = ? AND ts >= ? LIMIT 1",
+            (session_id, msg.platform_id, ts - DEDUP_SECONDS),
+        )
+        new_id = await self._live().insert_message_unless(
+            found, _INSERT_MESSAGE, _message_params(session_id, msg, ts), session_id, msg, ts
+        )
+        return None if new_id is None else self._stored(session_id, msg, new_id, ts)
 
     async def recent_sessions(self, prefix: str, since: float) -> list[tuple[str, float]]:
         """Sessions whose id starts with `prefix` and whose newest stored message (active
