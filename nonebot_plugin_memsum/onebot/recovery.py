@@ -45,6 +45,10 @@ class Account:
     unsupported: set[str] = field(default_factory=set)
     """History actions the implementation refused on this connection: not called again."""
     task: asyncio.Task[None] | None = None
+    todo: dict[str, float] = field(default_factory=dict)
+    """Sessions whose fetch has not started: their last stored message's time, oldest first."""
+    wanted: dict[str, None] = field(default_factory=dict)
+    """Sessions of `todo` a live message waits for, in the order they were asked for."""
 
 
 # ---- the pure part --------------------------------------------------------------------
@@ -100,6 +104,21 @@ def newest_after(payloads: Sequence[dict[str, Any]], after: float, limit: int) -
     return recent[-limit:] if limit > 0 else []
 
 
+def next_session(todo: dict[str, float], wanted: dict[str, None]) -> tuple[str, float] | None:
+    """Takes the next session to fetch out of `todo`: one a live message waits for first
+    (else a message said just after the reconnect would wait for the whole account's
+    backfill: 1,000 groups take over a minute), then the oldest."""
+    while wanted:
+        sid = next(iter(wanted))
+        del wanted[sid]
+        if sid in todo:
+            return sid, todo.pop(sid)
+    if todo:
+        sid = next(iter(todo))
+        return sid, todo.pop(sid)
+    return None
+
+
 def _time(payload: Mapping[str, Any]) -> float:
     try:
         return float(payload.get("time") or 0)
@@ -153,7 +172,9 @@ async def wait_backfilled(bot: Bot, session_id: str) -> None:
     account = account_of(bot)
     await account.planned.wait()
     gate = account.gates.get(session_id)
-    if gate is not None:
+    if gate is not None and not gate.is_set():
+        if session_id in account.todo:
+            account.wanted[session_id] = None  # fetched next
         await gate.wait()
 
 
@@ -174,26 +195,30 @@ async def _recover(bot: Bot, account: Account) -> None:
         account.planned.set()
     if sessions:
         started, stored = clock.now(), 0
-        slots = asyncio.Semaphore(FETCHES_AT_ONCE)
 
         async def one(sid: str, last: float) -> int:
-            async with slots:
-                try:
-                    return await _backfill(bot, account, sid, last)
-                except Exception as err:
-                    logger.warning(f"memsum: backfill of {sid} failed: {type(err).__name__}: {err}")
-                    return 0
-                finally:
-                    account.gates[sid].set()
+            try:
+                return await _backfill(bot, account, sid, last)
+            except Exception as err:
+                logger.warning(f"memsum: backfill of {sid} failed: {type(err).__name__}: {err}")
+                return 0
+            finally:
+                account.gates[sid].set()
+
+        async def fetcher() -> int:
+            stored = 0
+            while (item := next_session(account.todo, account.wanted)) is not None:
+                stored += await one(*item)
+            return stored
 
         # One session of each kind first: an implementation without the action answers
         # one call with a failure, not a thousand.
         probes: dict[str | None, tuple[str, float]] = {}
         for sid, last in sessions:
             probes.setdefault(_target(sid)[0], (sid, last))
-        rest = [item for item in sessions if item not in probes.values()]
+        account.todo = {sid: last for sid, last in sessions if (sid, last) not in probes.values()}
         stored = sum(await asyncio.gather(*(one(sid, last) for sid, last in probes.values())))
-        stored += sum(await asyncio.gather(*(one(sid, last) for sid, last in rest)))
+        stored += sum(await asyncio.gather(*(fetcher() for _ in range(FETCHES_AT_ONCE))))
         logger.info(
             f"memsum: backfill of {bot.self_id}: {stored} messages said while away stored"
             f" in {len(sessions)} sessions ({(clock.now() - started) * 1000:.0f} ms)"
