@@ -176,6 +176,35 @@ def _fact_queries(facts: dict[int, Fact]) -> list[tuple[int, str]]:
     return [(at, word) for at, fact in facts.items() for word in fact.words]
 
 
+async def report_quality(store: Store, ids: list[int], facts: dict[int, Fact], n: int) -> None:
+    """Print how often a fact's message is in the top hits: by one of its words, then with
+    its speaker as the filter (`ids`: the stored id of each log line, in order)."""
+    found = 0
+    queries = _fact_queries(facts)
+    misses: list[str] = []
+    for at, word in queries:
+        hits = await store.search(SearchQuery(SESSION, word, limit=TOP))
+        if ids[at] in [h.message.id for h in hits]:
+            found += 1
+        else:
+            misses.append(word)
+    _report(
+        f"quality: fact in top {TOP}, {len(queries)} one-word queries, {n:,} msgs",
+        f"{100 * found / len(queries):.1f} %",
+    )
+    if misses:
+        _report("  missed", " ".join(misses))
+    # Who asked what: the fact's speaker as the filter, one of its words as the query.
+    found = 0
+    for at, fact in facts.items():
+        hits = await store.search(SearchQuery(SESSION, fact.words[0], speaker=fact.speaker[0], limit=TOP))
+        found += ids[at] in [h.message.id for h in hits]
+    _report(
+        f"quality: with the speaker's name as filter ({len(facts)} facts)",
+        f"{100 * found / len(facts):.1f} %",
+    )
+
+
 async def bench_quality(folder: Path, n: int) -> None:
     """Every message through `Store.append` (the recording path); a query per fact word."""
     store = Store(folder / "quality.db")
@@ -187,30 +216,7 @@ async def bench_quality(folder: Path, n: int) -> None:
             msg = Message(role="user", content=f"[{name}({qq})] {body}", name=str(qq), ts=T0 + i * 60)
             stored = await store.append(SESSION, msg)
             ids.append(stored.id or 0)
-        found = 0
-        queries = _fact_queries(facts)
-        misses: list[str] = []
-        for at, word in queries:
-            hits = await store.search(SearchQuery(SESSION, word, limit=TOP))
-            if ids[at] in [h.message.id for h in hits]:
-                found += 1
-            else:
-                misses.append(word)
-        _report(
-            f"quality: fact in top {TOP}, {len(queries)} one-word queries, {n:,} msgs",
-            f"{100 * found / len(queries):.1f} %",
-        )
-        if misses:
-            _report("  missed", " ".join(misses))
-        # Who asked what: the fact's speaker as the filter, one of its words as the query.
-        found = 0
-        for at, fact in facts.items():
-            hits = await store.search(SearchQuery(SESSION, fact.words[0], speaker=fact.speaker[0], limit=TOP))
-            found += ids[at] in [h.message.id for h in hits]
-        _report(
-            f"quality: with the speaker's name as filter ({len(facts)} facts)",
-            f"{100 * found / len(facts):.1f} %",
-        )
+        await report_quality(store, ids, facts, n)
     finally:
         await store.close()
 

@@ -29,7 +29,7 @@ import nonebot
 nonebot.init()  # importing the package wires the plugin into NoneBot, which needs a driver
 
 import asyncpg
-from bench_recall import LATENCY_QUERIES, SESSION, T0, TOP, _fact_queries, _mib, _ms, _report
+from bench_recall import LATENCY_QUERIES, SESSION, T0, TOP, _fact_queries, _mib, _ms, _report, report_quality
 from grouplog import FACTS, group_log
 
 from nonebot_plugin_memsum.store import SearchQuery, open_store, pg_search
@@ -71,28 +71,7 @@ async def bench_quality(url: str, n: int) -> None:
             msg = Message(role="user", content=f"[{name}({qq})] {body}", name=str(qq), ts=T0 + i * 60)
             ids.append((await store.append(SESSION, msg)).id or 0)
         _report(f"Store.append on PostgreSQL, {n:,} messages", f"{n / (time.perf_counter() - start):,.0f} /s")
-        queries = _fact_queries(facts)
-        found, misses = 0, []
-        for at, word in queries:
-            hits = await store.search(SearchQuery(SESSION, word, limit=TOP))
-            if ids[at] in [h.message.id for h in hits]:
-                found += 1
-            else:
-                misses.append(word)
-        _report(
-            f"quality: fact in top {TOP}, {len(queries)} one-word queries, {n:,} msgs",
-            f"{100 * found / len(queries):.1f} %",
-        )
-        if misses:
-            _report("  missed", " ".join(misses))
-        found = 0
-        for at, fact in facts.items():
-            hits = await store.search(SearchQuery(SESSION, fact.words[0], speaker=fact.speaker[0], limit=TOP))
-            found += ids[at] in [h.message.id for h in hits]
-        _report(
-            f"quality: with the speaker's name as filter ({len(facts)} facts)",
-            f"{100 * found / len(facts):.1f} %",
-        )
+        await report_quality(store, ids, facts, n)
     finally:
         await store.close()
 
