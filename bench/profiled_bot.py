@@ -4,6 +4,7 @@
 import cProfile
 import runpy
 import signal
+import sys
 from pathlib import Path
 
 BOT = Path(__file__).resolve().parents[1] / "bot.py"
@@ -27,6 +28,9 @@ def _dump_then_raise(signum: int) -> None:
 
 
 signal.raise_signal = _dump_then_raise
+# As `python bot.py` has it: NoneBot's plugin finder looks the plugin up on sys.path, and
+# finds it only beside bot.py (the editable install's own finder loads it as a plain module).
+sys.path[0] = str(BOT.parent)
 profile.enable()
 try:
     runpy.run_path(str(BOT), run_name="__main__")

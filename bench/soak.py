@@ -60,6 +60,8 @@ SUMMARY = "【保留原文】无\n## 最近在聊什么\n大家在闲聊\n## 谁
 TOKEN = re.compile(r"\b([MQ]\d+)\b")
 QUESTION = re.compile(r"\bQ\d+\b")
 APOLOGY = "抱歉"
+SERVED = "model.served"
+"""The model server's record, beside its URL file: one line per request, `start end token`."""
 SAID_WORDS = ("随便聊聊", "假装别人", "长长长长", "收到 ")
 """Words of what the members say and of the model's answers: none may reach the log."""
 
@@ -71,15 +73,32 @@ def serve_model(port_file: Path, faults: bool, seed: int) -> None:
     rng = random.Random(seed)
     lock = threading.Lock()
     spent: dict[str, tuple[int, float]] = {}
+    failed_at: dict[str, float] = {}
+    served = port_file.with_name(SERVED).open("a", encoding="utf-8")
 
     def respond(body: dict[str, Any]) -> Reply:
+        now = time.monotonic()
         messages = body["messages"]
         delay = rng.uniform(0.3, 2.0)
+        key = hashlib.sha1(json.dumps(messages, ensure_ascii=False).encode()).hexdigest()
+        reply = _respond(messages, key, delay)
+        # When it served which session: from this request's arrival, or from the end of the
+        # failed attempt it retries (the client's wait before a retry is the model's too),
+        # to its answer; named by the first said token in the prompt (each is one group's).
+        with lock:
+            start = failed_at.pop(key, now)
+            if reply.status != 200:
+                failed_at[key] = now + delay
+            token = next((t for m in messages for t in TOKEN.findall(str(m.get("content") or ""))), "-")
+            served.write(f"{start:.4f} {now + delay:.4f} {token}\n")
+            served.flush()
+        return reply
+
+    def _respond(messages: list[dict[str, Any]], key: str, delay: float) -> Reply:
         if str(messages[0].get("content", "")).startswith(SUMMARISER):
             if faults and rng.random() < 0.05:
                 return Reply(status=500, delay=delay)
             return Reply(SUMMARY, delay=delay)
-        key = hashlib.sha1(json.dumps(messages, ensure_ascii=False).encode()).hexdigest()
         with lock:
             attempts, total = spent.get(key, (0, 0.0))
             spent[key] = (attempts + 1, total + delay)
@@ -100,7 +119,8 @@ def serve_model(port_file: Path, faults: bool, seed: int) -> None:
             elif m["role"] == "user":
                 asked += found
         seen = [q for q in asked if q not in covered]
-        attempts, total = spent.pop(key)
+        with lock:
+            attempts, total = spent.pop(key)
         return Reply(
             f"收到 {' '.join(seen) or '-'} attempts={attempts} model_ms={total * 1000:.0f}", delay=delay
         )
@@ -139,6 +159,22 @@ class Said:
 
 
 @dataclass
+class Wait:
+    """One counted answer: how long its asker waited, and how much of that was the model's."""
+
+    life: str
+    """"life N" (asked and answered in the Nth process), or "resumed" (asked before a restart)."""
+    raw_ms: float
+    """Answer time − question time − the model's time on the answer's own prompt."""
+    net_ms: float
+    """Answer time − question time − every moment in between the model served the question's
+    session: its own prompt, an earlier turn's request still running, a summary, the wait
+    before a retry. What is left is the bot's: its CPU, the event loop, the store, queues."""
+    group: int
+    asked: float
+
+
+@dataclass
 class Results:
     said: int = 0
     said_while_down: int = 0
@@ -150,6 +186,8 @@ class Results:
     unanswered: int = 0
     answered_twice: int = 0
     overhead_ms: list[float] = field(default_factory=list)
+    waits: list[Wait] = field(default_factory=list)
+    """The same answers as `overhead_ms`, attributed (process life, the model's share)."""
     cpu_ms_per_message: float = 0.0
     cpu_ms_with_startup: float = 0.0
     rss_slope_mb_per_min: list[float] = field(default_factory=list)
@@ -161,11 +199,7 @@ class Results:
     rss_max_mb: float = 0.0
 
     def report(self) -> str:
-        p = (
-            f"{statistics.median(self.overhead_ms):.0f} / {_pct(self.overhead_ms, 0.99):.0f} ms"
-            if self.overhead_ms
-            else "-"
-        )
+        p = f"{_p50_p99(self.overhead_ms)} ms" if self.overhead_ms else "-"
         return "\n".join(
             [
                 f"messages said: {self.said} ({self.said_while_down} while the bot was down)",
@@ -174,6 +208,7 @@ class Results:
                 f"questions: {self.questions}  unanswered within the window: {self.unanswered}"
                 f"  answered twice: {self.answered_twice}",
                 f"turn overhead p50 / p99 (one model request): {p} over {len(self.overhead_ms)} answers",
+                *self._split(),
                 f"bot CPU per message: {self.cpu_ms_per_message:.2f} ms"
                 f" ({self.cpu_ms_with_startup:.2f} ms with the start-ups)",
                 "resident memory slope after warm-up (per process life): "
@@ -185,6 +220,35 @@ class Results:
                 f"SIGTERM at the end: {self.stopped}",
             ]
         )
+
+    def _split(self) -> list[str]:
+        if not self.waits:
+            return []
+        lines = [
+            "  raw: answer - question - the model's time on that answer's prompt; net: also minus every"
+            " moment the model served that session in between (an earlier turn, a summary, a retry's wait)"
+        ]
+        for life in sorted({w.life for w in self.waits}):
+            raw = [w.raw_ms for w in self.waits if w.life == life]
+            net = [w.net_ms for w in self.waits if w.life == life]
+            lines.append(
+                f"  {life}: {len(raw)} answers, raw p50 / p99 {_p50_p99(raw)} ms,"
+                f" net {_p50_p99(net)} ms, net max {max(net):.0f} ms"
+            )
+        start = min(w.asked for w in self.waits)
+        worst = sorted(self.waits, key=lambda w: w.net_ms)[-5:][::-1]
+        lines.append(
+            "  longest net: "
+            + ", ".join(
+                f"{w.net_ms:.0f} ms ({w.life}, group {w.group}, asked at {w.asked - start:.0f} s)"
+                for w in worst
+            )
+        )
+        return lines
+
+
+def _p50_p99(values: list[float]) -> str:
+    return f"{statistics.median(values):.0f} / {_pct(values, 0.99):.0f}"
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -199,6 +263,8 @@ class Proc:
         self.pid = pid
         self.cpu = 0.0
         self.rss: list[tuple[float, float]] = []
+        self.started = time.monotonic()
+        """When it listened."""
         self.sample()
         self.startup = self.cpu
         """CPU seconds when it listened: loading, opening the store, the tokenizer."""
@@ -308,7 +374,7 @@ async def run(
     finally:
         await bot.stop()
         model.kill()
-    results = _analyse(bot, said, replies, lives, warmup)
+    results = _analyse(bot, said, replies, lives, warmup, _served(workdir / SERVED, said))
     results.stopped = stopped
     return results
 
@@ -394,12 +460,43 @@ async def _settle(said: list[Said], replies: list[tuple[float, str, dict[str, An
         await asyncio.sleep(0.2)
 
 
+def _served(path: Path, said: list[Said]) -> dict[int, list[tuple[float, float]]]:
+    """Group → the intervals the model server spent on its requests, in order of start."""
+    group_of = {s.token: s.group for s in said}
+    served: defaultdict[int, list[tuple[float, float]]] = defaultdict(list)
+    for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
+        start, end, token = line.split()
+        if token in group_of:
+            served[group_of[token]].append((float(start), float(end)))
+    for intervals in served.values():
+        intervals.sort()
+    return served
+
+
+def _covered_time(intervals: list[tuple[float, float]], a: float, b: float) -> float:
+    """Seconds of [a, b] inside the union of `intervals` (sorted by start)."""
+    total, reach = 0.0, a
+    for start, end in intervals:
+        if start >= b:
+            break
+        start, end = max(start, reach), min(end, b)
+        if end > start:
+            total += end - start
+            reach = end
+    return total
+
+
+def _life(lives: list[Proc], t: float) -> int:
+    return sum(1 for p in lives[1:] if p.started <= t)
+
+
 def _analyse(
     bot: BotProcess,
     said: list[Said],
     replies: list[tuple[float, str, dict[str, Any]]],
     lives: list[Proc],
     warmup: float,
+    served: dict[int, list[tuple[float, float]]],
 ) -> Results:
     r = Results(said=len(said), said_while_down=sum(s.down for s in said))
     with sqlite3.connect(f"file:{bot.db_path}?mode=ro", uri=True) as con:
@@ -434,7 +531,18 @@ def _analyse(
                 None,
             )
             if asker is not None and answered[asker] == 1 and not questions[asker].down:
-                r.overhead_ms.append((t - questions[asker].at) * 1000 - int(m.group(2)))
+                q = questions[asker]
+                r.overhead_ms.append((t - q.at) * 1000 - int(m.group(2)))
+                asked_in, answered_in = _life(lives, q.at), _life(lives, t)
+                r.waits.append(
+                    Wait(
+                        f"life {asked_in + 1}" if asked_in == answered_in else "resumed",
+                        r.overhead_ms[-1],
+                        (t - q.at - _covered_time(served.get(q.group, []), q.at, t)) * 1000,
+                        q.group,
+                        q.at,
+                    )
+                )
     r.unanswered = sum(1 for q in questions if answered[q] == 0)
     r.answered_twice = sum(1 for q in questions if answered[q] > 1)
     delivered = max(1, r.said - r.lost)
@@ -464,6 +572,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--bot", type=Path, help="another checkout's bot.py (a 'before' figure)")
     parser.add_argument("--profile", action="store_true", help="cProfile the bot (no kill); print the top")
+    parser.add_argument(
+        "--tracemalloc",
+        help="minutes (e.g. 2,6,12) at which the bot (no kill) dumps tracemalloc growth into its folder",
+    )
     parser.add_argument("--workdir", type=Path, help="keep the bot's folder (log, database) here")
     parser.add_argument("--serve-model", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -482,6 +594,13 @@ def main() -> None:
     if args.workdir:
         args.workdir.mkdir(parents=True, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="memsum-soak-", dir=args.workdir)
+    if args.tracemalloc:
+        import tests.fakes.botproc
+
+        tests.fakes.botproc.BOT_PY = REPO / "bench" / "traced_bot.py"
+        args.kill_at = -1
+        (Path(tmp) / "bot").mkdir()
+        (Path(tmp) / "bot" / "tracemalloc.minutes").write_text(args.tracemalloc)
     results = asyncio.run(
         run(
             Path(tmp),
@@ -506,6 +625,9 @@ def main() -> None:
         stats = pstats.Stats(str(Path(tmp) / "bot" / "profile.out"))
         stats.sort_stats("cumulative").print_stats(40)
         stats.sort_stats("tottime").print_stats(30)
+    if args.tracemalloc:
+        for dump in sorted((Path(tmp) / "bot").glob("tracemalloc-*.txt"), key=lambda p: float(p.stem[12:])):
+            print(f"\n---- {dump.name}\n" + "\n".join(dump.read_text().splitlines()[:60]))
     if args.workdir:
         print(f"kept: {tmp}")
     else:
