@@ -17,3 +17,7 @@ async def test_a_sigkill_at_half_time_loses_nothing_and_answers_every_question_o
     assert (r.lost, r.duplicated, r.out_of_order, r.down_not_recorded) == (0, 0, 0, 0), r.report()
     assert (r.unanswered, r.answered_twice) == (0, 0), r.report()
     assert r.text_lines == 0, r.report()  # nothing said reaches the log at INFO
+    # The overhead's attribution: by process life, and the model's time on the question's
+    # session (which holds the answer's own request) never less than on its prompt.
+    assert "life 1" in {w.life for w in r.waits} <= {"life 1", "life 2", "resumed"}, r.report()
+    assert all(w.net_ms <= w.raw_ms + 2 for w in r.waits), r.report()
