@@ -50,8 +50,7 @@ if not _run_as_tool():
     from .onebot import register_matchers
 
     _driver = get_driver()
-    register_commands(plugin_config)
-    register_matchers(plugin_config.memsum_chat_priority, is_memsum_command)
+    register_matchers(plugin_config.memsum_chat_priority, is_memsum_command, register_commands(plugin_config))
     web.mount(_driver, plugin_config)
 
     @_driver.on_startup

@@ -35,6 +35,7 @@ from .agent import recall
 from .compression.service import STORE_FAILED, CompressionError, CompressionResult, SessionStatus
 from .config import PERSONA_MAX, Config, Mode
 from .lru import LRU
+from .onebot.fastpath import Claim
 from .permission import SUPERUSER, SUPERUSER_OR_GROUP_ADMIN
 from .settings import MODE_WORDS, Resolved, SettingName, place_key, place_scope, validate
 from .store import SearchQuery, StoreError
@@ -568,7 +569,10 @@ async def _handle(
     await matcher.finish()
 
 
-def register_commands(config: Config) -> None:
-    """Declare the commands' matcher; it blocks, above the recording matcher's priority."""
+def register_commands(config: Config) -> Claim:
+    """Declare the commands' matcher; it blocks, above the recording matcher's priority.
+    The fast path (`onebot/fastpath.py`) leaves to NoneBot what its rule takes."""
     command(*COMMAND_NAMES)  # registers the names with NoneBot's command parser (state[PREFIX_KEY])
-    on_message(rule=Rule(_chosen), priority=config.memsum_command_priority, block=True).handle()(_handle)
+    matcher = on_message(rule=Rule(_chosen), priority=config.memsum_command_priority, block=True)
+    matcher.handle()(_handle)
+    return Claim(matcher, _chosen)

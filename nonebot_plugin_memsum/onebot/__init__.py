@@ -10,7 +10,8 @@
 | `names` | names as a place sees them: cache, else the implementation's API |
 | `record` | a message or a notice recorded in arrival order (also the path for fetched history) |
 | `send` | answers: quote, merged-forward |
-| `matchers` | the NoneBot matchers and the arrival-ticket preprocessor |
+| `matchers` | the NoneBot matchers, their handlers and the arrival ticket |
+| `fastpath` | those handlers run without NoneBot's per-event tasks when only this plugin handles the event |
 """
 
 from .matchers import register_matchers, release_arrival

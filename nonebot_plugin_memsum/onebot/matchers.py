@@ -4,6 +4,7 @@ messages are recorded and answered when addressed; notices are recorded."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 from nonebot import get_driver, on_message, on_notice
 from nonebot.adapters.onebot.v11 import (
@@ -23,7 +24,8 @@ from nonebot_plugin_memsum import runtime
 from nonebot_plugin_memsum.controls import CAP_NOTICE
 from nonebot_plugin_memsum.types import SessionRecord
 
-from . import recovery
+from . import fastpath, recovery
+from .fastpath import Claim, Route
 from .record import notice_record, record_message, record_notice, record_of
 from .render import is_empty
 from .send import replier
@@ -51,15 +53,23 @@ def _session_of(event: Event) -> str | None:
 async def _arrival_ticket(event: Event) -> AsyncIterator[None]:
     # One parameter: NoneBot solves each parameter of each dependency in a task of its own
     # (with bot and state as well this came to about a tenth of the CPU of a message).
-    if (sid := _session_of(event)) is None:
-        yield
-        return
     arrivals = runtime.get().onebot.arrivals
+    if arrivals.of(event) is not None or (sid := _session_of(event)) is None:
+        yield  # no session, or the fast path took it before NoneBot's dispatch and releases it
+        return
     arrivals.take_for(event, sid)
     try:
         yield
     finally:  # on the event's own exit stack: released however its handling ends
         arrivals.release(event)
+
+
+arrival_ticket = asynccontextmanager(_arrival_ticket)
+"""The arrival ticket of a message or notice of a session, held while it is handled."""
+
+
+async def take_arrival_ticket(_: None = Depends(_arrival_ticket)) -> None:
+    """The event preprocessor: takes the arrival ticket of every message and notice of a session."""
 
 
 async def answer_if_allowed(
@@ -77,11 +87,12 @@ async def answer_if_allowed(
         await replier(bot, event)(CAP_NOTICE)
 
 
-def register_matchers(priority: int, is_command: Callable[[T_State], bool]) -> None:
+def register_matchers(priority: int, is_command: Callable[[T_State], bool], commands: Claim) -> None:
     """Recording and chat sit below the commands, which block, so commands never get recorded.
 
     `is_command`: whether a message is one of our commands that its sender may not use:
-    it is not ours to handle at all, so not recorded either (another plugin may own it)."""
+    it is not ours to handle at all, so not recorded either (another plugin may own it).
+    `commands`: the commands' matcher and its rule, for the fast path (`fastpath.py`)."""
     chat = on_message(priority=priority, block=False)
     notices = on_notice(priority=priority, block=False)
     driver = get_driver()
@@ -94,12 +105,10 @@ def register_matchers(priority: int, is_command: Callable[[T_State], bool]) -> N
     async def _(bot: Bot) -> None:
         recovery.forget(bot)
 
-    @event_preprocessor
-    async def _(_: None = Depends(_arrival_ticket)) -> None:
-        """Takes the arrival ticket of every message and notice of a session."""
+    event_preprocessor(take_arrival_ticket)
 
     @chat.handle()
-    async def _(bot: Bot, event: MessageEvent, state: T_State) -> None:
+    async def handle_chat(bot: Bot, event: MessageEvent, state: T_State) -> None:
         if not isinstance(event, GroupMessageEvent | PrivateMessageEvent):
             return
         if str(event.user_id) == bot.self_id:
@@ -128,5 +137,14 @@ def register_matchers(priority: int, is_command: Callable[[T_State], bool]) -> N
             await answer_if_allowed(bot, event, record, msg.id)
 
     @notices.handle()
-    async def _(bot: Bot, event: NoticeEvent) -> None:
+    async def handle_notice(bot: Bot, event: NoticeEvent) -> None:
         await record_notice(bot, event, runtime.get().onebot.arrivals.of(event))
+
+    fastpath.register(
+        {
+            "message": Route(frozenset({chat, commands.matcher}), handle_chat, commands),
+            "notice": Route(frozenset({notices}), lambda bot, event, _: handle_notice(bot, event)),
+        },
+        take_arrival_ticket,
+        arrival_ticket,
+    )
