@@ -61,6 +61,11 @@ LedgerFn = Callable[[str | None, str, str, int, int, int], Awaitable[None]]
 """(session_id, purpose, model_id, tokens_in, tokens_out, tokens_cached), awaited after each
 successful call; tokens_cached is the part of tokens_in the provider's prompt cache served."""
 
+POOL_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=100, keepalive_expiry=30.0)
+"""Every connection a burst of concurrent calls opened goes back to the pool (httpx keeps only 20 by
+default: a thousand groups asking at once reconnected on most calls, a TLS handshake each), and
+stays for 30 s rather than 5, the gap between a quiet group's questions; a connection the server
+closed meanwhile is noticed by the pool before it is used."""
 _DETAIL_CHARS = 200
 _DRAIN_SECONDS = 2.0
 """How long a stream's body may go on after `[DONE]` before we stop reading and drop the connection."""
@@ -217,12 +222,16 @@ class LLMClient:
 
     def _client(self) -> httpx.AsyncClient:
         if self._http is None:
-            self._http = httpx.AsyncClient(transport=self._transport, timeout=httpx.Timeout(self._timeout))
+            self._http = httpx.AsyncClient(
+                transport=self._transport, timeout=httpx.Timeout(self._timeout), limits=POOL_LIMITS
+            )
         return self._http
 
     async def _attempt(self, model: ModelConfig, body: dict[str, Any], *, stream: bool) -> ChatResult:
         key = model.api_key.get_secret_value()
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        headers = {"Content-Type": "application/json"}
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
         url = model.base_url.rstrip("/") + "/chat/completions"
         try:
             async with asyncio.timeout(self._timeout):
@@ -241,7 +250,8 @@ class LLMClient:
         self, model: ModelConfig, url: str, headers: dict[str, str], body: dict[str, Any], *, stream: bool
     ) -> ChatResult:
         try:
-            async with self._client().stream("POST", url, json=body, headers=headers) as resp:
+            content = encode_body(body)
+            async with self._client().stream("POST", url, content=content, headers=headers) as resp:
                 try:
                     if not resp.is_success:
                         await resp.aread()
@@ -280,6 +290,11 @@ class LLMClient:
             await self._ledger(session_id, purpose, result.model_id, tokens_in, tokens_out, cached)
         except Exception as err:
             logger.warning(f"memsum: usage ledger failed for {result.model_id}: {type(err).__name__}: {err}")
+
+
+def encode_body(body: Mapping[str, Any]) -> bytes:
+    """The request as JSON, compact and in UTF-8 (what httpx's `json=` sends)."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
 def _estimate_message(msg: Mapping[str, Any]) -> int:
@@ -517,21 +532,19 @@ class _Stream:
 
 async def _read_stream(model: ModelConfig, resp: httpx.Response) -> ChatResult:
     acc = _Stream()
-    data: list[str] = []
-    lines = resp.aiter_lines()
+    events = SSEDecoder()
+    chunks = resp.aiter_bytes()
     try:
-        async for line in lines:
-            # SSE: `data:` lines gather into one event until a blank line; other fields are ignored.
-            if line.startswith("data:"):
-                data.append(line[5:].removeprefix(" "))
-            elif not line and data:
-                _dispatch(model, acc, "\n".join(data))
-                data.clear()
+        async for chunk in chunks:
+            for payload in events.feed(chunk):
+                _dispatch(model, acc, payload)
+                if acc.done:
+                    break
             if acc.done:
                 break
         else:
-            if data:
-                _dispatch(model, acc, "\n".join(data))
+            for payload in events.close():
+                _dispatch(model, acc, payload)
     except httpx.TimeoutException:
         raise
     except httpx.TransportError:
@@ -540,24 +553,76 @@ async def _read_stream(model: ModelConfig, resp: httpx.Response) -> ChatResult:
         # The answer was whole; only what follows it (usage, [DONE]) was lost.
         return acc.result(model.id)
     if acc.done:
-        await _drain(lines)
+        await _drain(chunks)
     elif acc.finish_reason is None:
         raise LLMStreamCut(f"{model.id}: stream ended early (no finish reason, no [DONE])", model_id=model.id)
     return acc.result(model.id)
 
 
-async def _drain(lines: AsyncIterator[str]) -> None:
+async def _drain(chunks: AsyncIterator[bytes]) -> None:
     """Read what follows `[DONE]` to the end of the body, so the connection can be reused."""
     try:
         async with asyncio.timeout(_DRAIN_SECONDS):
-            async for _ in lines:
+            async for _ in chunks:
                 pass
     except (TimeoutError, httpx.TransportError):
         pass  # the answer is whole; leaving the block closes this connection instead
 
 
-def _dispatch(model: ModelConfig, acc: _Stream, payload: str) -> None:
-    if payload.strip() == "[DONE]":
+class SSEDecoder:
+    """Server-sent events from the bytes of a body, as they arrive: the `data` of each whole event.
+
+    After the WHATWG HTML standard, "Interpreting an event stream"
+    (https://html.spec.whatwg.org/multipage/server-sent-events.html#event-stream-interpretation):
+    a line ends at CRLF, LF or CR; `data:` lines (one space after the colon dropped) gather into
+    one event, joined by LF, until a blank line; comments (`:`) and other fields are ignored.
+    Split on bytes and decoded per event (json.loads takes UTF-8 bytes), so a chunk boundary
+    inside a line, inside a CRLF or inside a multi-byte character changes nothing, and a
+    provider's one-event-per-token stream costs one split per chunk, not a text decoder and a
+    line iterator per line.
+    """
+
+    def __init__(self) -> None:
+        self._tail = b""
+        """The last line so far, not ended yet (or ended by a CR whose LF may come next)."""
+        self._data: list[bytes] = []
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The data of the events this chunk completes."""
+        lines = (self._tail + chunk).splitlines(keepends=True)
+        self._tail = lines.pop() if lines and not _ended(lines[-1]) else b""
+        return self._events(lines)
+
+    def close(self) -> list[bytes]:
+        """At the end of the body: an event not closed by a blank line still counts (a
+        server that ends with `data: [DONE]` and no blank line)."""
+        tail, self._tail = self._tail, b""
+        out = self._events([tail]) if tail else []
+        if self._data:
+            out.append(b"\n".join(self._data))
+            self._data = []
+        return out
+
+    def _events(self, lines: list[bytes]) -> list[bytes]:
+        out: list[bytes] = []
+        for line in lines:
+            line = line.rstrip(b"\r\n")
+            if line.startswith(b"data:"):
+                value = line[5:]
+                self._data.append(value[1:] if value.startswith(b" ") else value)
+            elif not line and self._data:
+                out.append(b"\n".join(self._data))
+                self._data = []
+        return out
+
+
+def _ended(line: bytes) -> bool:
+    """A line is over at LF; at a CR only once more bytes came (it may be the CR of a CRLF)."""
+    return line.endswith(b"\n")
+
+
+def _dispatch(model: ModelConfig, acc: _Stream, payload: bytes) -> None:
+    if payload.strip() == b"[DONE]":
         acc.done = True
         return
     try:
@@ -568,7 +633,7 @@ def _dispatch(model: ModelConfig, acc: _Stream, payload: str) -> None:
         raise LLMBadResponse(f"{model.id}: unreadable stream chunk", model_id=model.id)
     if chunk.get("error"):
         raise LLMStreamCut(
-            f"{model.id}: error mid-stream: {_detail(_error_text(payload.encode()), model)}",
+            f"{model.id}: error mid-stream: {_detail(_error_text(payload), model)}",
             model_id=model.id,
         )
     try:

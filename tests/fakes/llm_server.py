@@ -79,6 +79,9 @@ class Reply:
     with `status`, as the error body. A streamed request gets it in chunked encoding, one HTTP
     chunk per SSE event."""
     headers: dict[str, str] = field(default_factory=dict)
+    raw_chunk_bytes: int | None = None
+    """With `raw`, streamed: HTTP chunks of this many bytes instead of one per SSE event (a
+    network that splits lines, CRLFs and UTF-8 characters anywhere)."""
 
 
 Responder = Callable[[dict[str, Any]], Reply | None]
@@ -276,7 +279,9 @@ class _Handler(BaseHTTPRequestHandler):
         if reply.raw is not None:
             raw = reply.raw.encode() if isinstance(reply.raw, str) else reply.raw
             if body.get("stream") and reply.status == 200:
-                self._stream_events(_split_events(raw), reply)
+                n = reply.raw_chunk_bytes
+                pieces = _split_events(raw) if n is None else [raw[i : i + n] for i in range(0, len(raw), n)]
+                self._stream_events(pieces, reply)
             else:
                 ctype = "text/event-stream" if body.get("stream") else "application/json"
                 self._send(reply.status, raw, ctype, reply.headers)
