@@ -573,8 +573,8 @@ def main() -> None:
     parser.add_argument("--bot", type=Path, help="another checkout's bot.py (a 'before' figure)")
     parser.add_argument("--profile", action="store_true", help="cProfile the bot (no kill); print the top")
     parser.add_argument(
-        "--tracemalloc",
-        help="minutes (e.g. 2,6,12) at which the bot (no kill) dumps tracemalloc growth into its folder",
+        "--heap",
+        help="minutes (e.g. 2,6,12) at which the bot (no kill) writes a heap census into its folder",
     )
     parser.add_argument("--workdir", type=Path, help="keep the bot's folder (log, database) here")
     parser.add_argument("--serve-model", type=Path, help=argparse.SUPPRESS)
@@ -594,13 +594,13 @@ def main() -> None:
     if args.workdir:
         args.workdir.mkdir(parents=True, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="memsum-soak-", dir=args.workdir)
-    if args.tracemalloc:
+    if args.heap:
         import tests.fakes.botproc
 
-        tests.fakes.botproc.BOT_PY = REPO / "bench" / "traced_bot.py"
+        tests.fakes.botproc.BOT_PY = REPO / "bench" / "heap_bot.py"
         args.kill_at = -1
         (Path(tmp) / "bot").mkdir()
-        (Path(tmp) / "bot" / "tracemalloc.minutes").write_text(args.tracemalloc)
+        (Path(tmp) / "bot" / "heap.minutes").write_text(args.heap)
     results = asyncio.run(
         run(
             Path(tmp),
@@ -625,9 +625,9 @@ def main() -> None:
         stats = pstats.Stats(str(Path(tmp) / "bot" / "profile.out"))
         stats.sort_stats("cumulative").print_stats(40)
         stats.sort_stats("tottime").print_stats(30)
-    if args.tracemalloc:
-        for dump in sorted((Path(tmp) / "bot").glob("tracemalloc-*.txt"), key=lambda p: float(p.stem[12:])):
-            print(f"\n---- {dump.name}\n" + "\n".join(dump.read_text().splitlines()[:60]))
+    if args.heap:
+        for census in sorted((Path(tmp) / "bot").glob("heap-*.txt"), key=lambda p: float(p.stem[5:])):
+            print(f"\n---- {census.name}\n" + census.read_text())
     if args.workdir:
         print(f"kept: {tmp}")
     else:

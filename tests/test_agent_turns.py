@@ -261,3 +261,29 @@ async def test_a_queued_turn_whose_message_came_after_the_read_still_runs(
     assert two["messages"][-3] == openai_user(later)
     assert two["messages"][-1] == {"role": "user", "content": ANSWERED_LAST}
     assert replies.texts == ["好的", "好的"]
+
+
+# ---- memory (issue 15) ----------------------------------------------------------------
+
+
+async def test_stored_and_compressed_texts_stay_out_of_the_estimate_cache(
+    make_rt: MakeRuntime, llm: ScriptedLLM
+) -> None:
+    # Each stored message keeps its estimate (Message.tokens) and a compression's units are
+    # rendered for that run only: put in the shared cache, such one-off texts filled it for
+    # minutes at a thousand groups and pushed out what every turn estimates again.
+    from nonebot_plugin_memsum.llm.tokens import estimate_cache
+
+    rt = await make_rt()
+    said = [user(f"第{i}句：今天的天气怎么样，周末去哪里玩") for i in range(30)]
+    stored = await fill(rt, GROUP, said)
+    assert all(m.tokens is not None for m in stored)
+    llm.push(Reply("周末去爬山吧"))
+    await rt.agent.run_turn(GROUP.id, Replies(), GROUP_ENTRY)
+    assert (await rt.compression.compress(GROUP.id)).outcome == "done"
+    cache = estimate_cache()
+    for m in [*said, *stored]:
+        assert cache.get(m.content) is None, m.content
+    assert cache.get("周末去爬山吧") is None  # the answer was stored the same way
+    # What comes back every turn is kept: the persona, here.
+    assert cache.get(PERSONA) is not None

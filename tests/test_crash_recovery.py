@@ -345,6 +345,25 @@ async def test_ten_thousand_sessions_leave_bounded_state_behind(
     assert rt.compression._turn_epoch == {}
 
 
+async def test_summaries_kept_in_memory_are_bounded_in_bytes(make_rt: MakeRuntime) -> None:
+    # A summary's length follows the model's window: a count of sessions is no byte bound.
+    from nonebot_plugin_memsum.compression.service import SUMMARY_CACHE_BYTES
+    from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE
+
+    rt = await make_rt()
+    kept = rt.compression._summaries
+    assert kept.max_bytes == SUMMARY_CACHE_BYTES
+    kept.max_bytes = 100_000  # the same rule at a size a test can fill
+    texts = {group(n).id: f"摘要{n}：" + "长" * 10_000 for n in range(20)}  # ~20 KB each in memory
+    for sid, text in texts.items():
+        await rt.store.put_meta(SUMMARY_NAMESPACE, sid, {"text": text})
+        assert (await rt.compression.summary(sid) or {})["text"] == text
+    assert kept.bytes <= 100_000
+    assert len(kept) == 4  # the four read last
+    for sid, text in texts.items():  # an evicted one is read from the store again
+        assert (await rt.compression.summary(sid) or {})["text"] == text
+
+
 async def test_a_sent_mark_waiting_in_memory_never_marks_a_newer_reply_sent(tmp_path: Path) -> None:
     # Issue 9: `sent` is written within a second; a newer reply of the session marked
     # `sending` meanwhile stays `sending` (a crash now must not count it as sent).

@@ -5,8 +5,8 @@ names nobody used for a day, and keeps no ticket or lock once a session is quiet
 import asyncio
 
 from nonebot_plugin_memsum import runtime
-from nonebot_plugin_memsum.lru import KeyedLocks
-from nonebot_plugin_memsum.onebot.state import Arrivals, BoundedCache, NameCache, OneBotState
+from nonebot_plugin_memsum.lru import BoundedCache, KeyedLocks
+from nonebot_plugin_memsum.onebot.state import Arrivals, NameCache, OneBotState
 
 
 class FakeClock:

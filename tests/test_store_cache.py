@@ -12,6 +12,8 @@ the decoded messages.
 from __future__ import annotations
 
 import asyncio
+import gc
+import tracemalloc
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -191,6 +193,30 @@ def test_the_cache_is_bounded_by_sessions_and_bytes_least_recently_used_first() 
     cache.drop("c")
     assert len(cache) == 0
     assert cache.size_bytes == 0
+
+
+async def test_a_decoded_message_takes_no_more_memory_than_the_cache_counts(location: Path | str) -> None:
+    # Issue 15: the cache's bound in bytes (and the README's memory ceiling) holds only if
+    # what `message_bytes` counts is not below what a decoded group message really takes.
+    store = Store(location)
+    await store.open()
+    for i in range(500):
+        content = f"[成员{i % 5}(2000{i % 5})] M{i} 随便聊聊第{i}句"
+        msg = Message(role="user", content=content, name=str(20000 + i % 5), ts=1e9 + i, platform_id=str(i))
+        await store.append(SID, msg)
+    await store.close()
+    await store.open()  # nothing cached: the read below decodes every row
+    try:
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        history = await store.get_history(SID)
+        gc.collect()  # what the read left behind, not what it used on the way
+        held = tracemalloc.get_traced_memory()[0] - before
+        tracemalloc.stop()
+        assert len(history) == 500
+        assert sum(map(message_bytes, history)) >= held
+    finally:
+        await store.close()
 
 
 # ---- the usage ledger: written in batches, never lost at close (issue 9) ------------------------

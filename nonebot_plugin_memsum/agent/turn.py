@@ -133,7 +133,7 @@ class Agent:
     async def record_once(self, session: SessionRecord, msg: Message) -> Message | None:
         """`record`, unless a message with the same `platform_id` is stored already: None."""
         await self.store.save_session(session)
-        return await self.store.append_once(session.id, replace(msg, tokens=estimate_msg_tokens(msg)))
+        return await self.store.append_once(session.id, _estimated(msg))
 
     def request_turn(
         self, session_id: str, reply: ReplyFn, entry: Entry = Entry(), *, trigger: int | None = None
@@ -218,14 +218,13 @@ class Agent:
         return prompt
 
     def _append(self, session_id: str, msg: Message) -> Awaitable[Message]:
-        """Store a message with its token estimate, taken once here (Message.tokens)."""
-        return self.store.append(session_id, replace(msg, tokens=estimate_msg_tokens(msg)))
+        return self.store.append(session_id, _estimated(msg))
 
     async def _append_answer(
         self, session_id: str, msg: Message, upto: int | None, state: ReplyState
     ) -> None:
         """The turn's answer and the mark that it answers everything up to `upto`, in one commit."""
-        msg = replace(msg, tokens=estimate_msg_tokens(msg))
+        msg = _estimated(msg)
         if upto is None:
             await self.store.append(session_id, msg)
             return
@@ -453,6 +452,13 @@ class Agent:
             ctx.session_id,
             Message(role="tool", content=output, name=call.name, tool_call_id=call.id, ts=clock.now()),
         )
+
+
+def _estimated(msg: Message) -> Message:
+    """A message about to be stored, with its token estimate taken once here (Message.tokens):
+    prompts read that, so its text stays out of the estimate cache (issue 15: at a thousand
+    groups those one-off texts filled it for minutes and pushed out what comes back)."""
+    return replace(msg, tokens=estimate_msg_tokens(msg, keep=False))
 
 
 async def _quietly(reply: ReplyFn, text: str) -> None:

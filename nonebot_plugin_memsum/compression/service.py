@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -48,7 +49,7 @@ from nonebot_plugin_memsum.config import Config
 from nonebot_plugin_memsum.errors import CompressionCancelled, CompressionError
 from nonebot_plugin_memsum.llm import LLMClient, LLMError, LLMLengthLimit, LLMStatusError, Registry
 from nonebot_plugin_memsum.llm.tokens import estimate_stored, estimate_text_tokens
-from nonebot_plugin_memsum.lru import LRU, KeyedLocks
+from nonebot_plugin_memsum.lru import LRU, SESSIONS_KEPT, BoundedCache, KeyedLocks
 from nonebot_plugin_memsum.settings import Settings
 from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE, Store, StoreError
 from nonebot_plugin_memsum.types import CompressionRecord, Message
@@ -74,8 +75,32 @@ INJECTION_HEAD = (
     "保留的原文（如有）按原来的时间顺序排在之后的历史开头，已在下面的摘要里概括过，不是摘要之后发生的。"
     "本会话较早对话的摘要："
 )
-# The keep cost N (R-RUN-6) and the measured capacity use the estimates stored per message.
-ESTIMATORS = Estimators(text=estimate_text_tokens, msg=estimate_stored)
+
+
+SUMMARY_CACHE_BYTES = 8 << 20
+"""What the summaries kept in memory may take (counted as `_summary_bytes`)."""
+
+
+def _summary_bytes(record: dict[str, Any] | None) -> int:
+    # The record's dict and its small fields, and the text (CJK: 2 bytes a character).
+    return 400 + 2 * len(str((record or {}).get("text", "")))
+
+
+def run_estimators() -> Estimators:
+    """The estimates of one compression run: the keep cost N (R-RUN-6) and the measured
+    capacity use the estimates stored per message. Its units are rendered for this run only, so
+    their texts are remembered for the run (the plan estimates some several times), not
+    in the shared estimate cache, where at a thousand groups they pushed out the texts
+    that come back (issue 15)."""
+    memo: dict[str, int] = {}
+
+    def text(t: str) -> int:
+        tokens = memo.get(t)
+        if tokens is None:
+            tokens = memo[t] = estimate_text_tokens(t, keep=False)
+        return tokens
+
+    return Estimators(text=text, msg=estimate_stored)
 
 
 class _ContextTooLong(Exception):
@@ -171,8 +196,16 @@ class CompressionService:
     # (no usage yet: R-BUD-6; no back-off; its next turn is not judged once).
     _latest_turn_usage: LRU[str, UsageEvent] = field(default_factory=LRU)
     _latest_usage: LRU[str, UsageEvent] = field(default_factory=LRU)
-    _summaries: LRU[str, dict[str, Any] | None] = field(default_factory=LRU)
-    """Summary records read or written lately (`summary`)."""
+    _summaries: BoundedCache[str, tuple[dict[str, Any] | None]] = field(
+        default_factory=lambda: BoundedCache(
+            max_entries=SESSIONS_KEPT,
+            max_bytes=SUMMARY_CACHE_BYTES,
+            idle_seconds=math.inf,
+            size=lambda _, record: _summary_bytes(record[0]),
+        )
+    )
+    """Summary records read lately (`summary`), bounded in bytes: a summary's length follows
+    the model's window, not a constant (the record in a 1-tuple: None is a cached answer)."""
     _unsaved_usage: dict[str, UsageEvent] = field(default_factory=dict)
     """Turn usages not written yet (`write_usage`)."""
     _usage_timer: asyncio.TimerHandle | None = None
@@ -274,7 +307,7 @@ class CompressionService:
         else:
             async with self._commit_locks.hold(session_id):
                 await self.store.clear(session_id, kind)
-        self._summaries.pop(session_id, None)
+        self._summaries.pop(session_id)
         self._epoch[session_id] = self._epoch.get(session_id, 0) + 1
         await self._set_backoff(session_id, Backoff())  # R-BACK-4
         self._latest_turn_usage.pop(session_id, None)
@@ -302,7 +335,7 @@ class CompressionService:
             async with self._commit_locks.hold(session_id), self.agent.turn_lock(session_id):
                 await self._forget_usage(session_id)
                 await self.store.delete_session(session_id)
-        self._summaries.pop(session_id, None)
+        self._summaries.pop(session_id)
         self._epoch[session_id] = self._epoch.get(session_id, 0) + 1
         self._backoff.pop(session_id, None)
         self._latest_turn_usage.pop(session_id, None)
@@ -312,10 +345,10 @@ class CompressionService:
     async def summary(self, session_id: str) -> dict[str, Any] | None:
         """The stored summary record; kept in memory between its writes (every prompt injects
         it), unless other processes write the same memory."""
-        if not self.store.shared and session_id in self._summaries:
-            return self._summaries[session_id]
+        if not self.store.shared and (cached := self._summaries.get(session_id)) is not None:
+            return cached[0]
         record = await self.store.get_meta(SUMMARY_NAMESPACE, session_id)
-        self._summaries[session_id] = record
+        self._summaries.put(session_id, (record,), math.inf)
         return record
 
     async def injection(self, session_id: str) -> str | None:
@@ -707,13 +740,14 @@ class CompressionService:
             at = await self.compress_at(session_id, usage.platform, usage.platform_type)
             line = compression_line(at, usage.window, usage.trim_budget)
             run.line = int(line) if line is not None else None
+        est = run_estimators()
         budget = compute_budget(
             line=line,
             ratio=self.config.memsum_summary_budget_ratio,
             summary_window=model.context_window,
             summary_max_output=model.max_output_tokens,
             existing_summary_tokens=estimate_text_tokens(old_text),
-            units_tokens=sum(estimate_text_tokens(u.text) for u in units),
+            units_tokens=sum(est.text(u.text) for u in units),
         )
         plan = ChunkPlan.start(
             units=units,
@@ -722,7 +756,7 @@ class CompressionService:
             summary_window=model.context_window,
             existing_summary=old_text,
             todos=todos,
-            est=ESTIMATORS,
+            est=est,
             rule=self.config.memsum_capacity,
         )
         effort = model.thinking_levels[0] if model.thinking_levels else None  # R-RUN-5: shallowest
@@ -838,7 +872,7 @@ class CompressionService:
                             session_id, Message(role="system", content=DIVIDER, event_marker=True, ts=now)
                         )
                 finally:  # committed or rolled back: the next reader reads it again
-                    self._summaries.pop(session_id, None)
+                    self._summaries.pop(session_id)
         remaining = [current[i] for i in kept_at] + current[len(span) :]
         after_tokens = estimate_text_tokens(summary) + sum(
             estimate_stored(m) for m in remaining if m.is_conversation

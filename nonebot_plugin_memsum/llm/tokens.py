@@ -272,8 +272,10 @@ class _TextEstimator:
     was before its cache was bounded in bytes (bench-peers' product_system.py calls it for a
     cold start of every replay)."""
 
-    def __call__(self, text: str) -> int:
-        """Tokens `text` takes (special-token text such as `<|endoftext|>` counts as plain text)."""
+    def __call__(self, text: str, *, keep: bool = True) -> int:
+        """Tokens `text` takes (special-token text such as `<|endoftext|>` counts as plain text).
+        `keep=False`: a text estimated once (a message being stored, whose estimate is stored
+        with it) is not put in the cache, where it would only push out texts that come back."""
         cached = _estimates.get(text)
         if cached is not None:
             return cached
@@ -282,7 +284,8 @@ class _TextEstimator:
             tokens = _fallback_estimate(text, loaded.fallback)
         else:
             tokens = len(loaded.encoding.encode_ordinary(text))
-        _estimates.put(text, tokens)
+        if keep:
+            _estimates.put(text, tokens)
         return tokens
 
     @staticmethod
@@ -293,20 +296,21 @@ class _TextEstimator:
 estimate_text_tokens = _TextEstimator()
 
 
-def estimate_msg_tokens(msg: Message) -> int:
+def estimate_msg_tokens(msg: Message, *, keep: bool = True) -> int:
     """Tokens one message takes in a request: what goes on the wire, plus MESSAGE_OVERHEAD.
 
     Only the fields `agent.prompt.to_openai` sends: never `Message.name` (the sender's
     id of a user message stays in the store), a notice with its prefix, an assistant's
-    calls with their ids, a tool result with the id it answers.
+    calls with their ids, a tool result with the id it answers. `keep`: as for
+    `estimate_text_tokens` (False for a message being stored: `Message.tokens` keeps it).
     """
     content = NOTICE_PREFIX + msg.content if msg.role == "notice" else msg.content
-    total = MESSAGE_OVERHEAD + estimate_text_tokens(content)
+    total = MESSAGE_OVERHEAD + estimate_text_tokens(content, keep=keep)
     for call in msg.tool_calls:
-        total += TOOL_CALL_OVERHEAD + estimate_text_tokens(call.id)
-        total += estimate_text_tokens(call.name) + estimate_text_tokens(call.arguments)
+        total += TOOL_CALL_OVERHEAD + estimate_text_tokens(call.id, keep=keep)
+        total += estimate_text_tokens(call.name, keep=keep) + estimate_text_tokens(call.arguments, keep=keep)
     if msg.tool_call_id:
-        total += estimate_text_tokens(msg.tool_call_id)
+        total += estimate_text_tokens(msg.tool_call_id, keep=keep)
     return total
 
 

@@ -11,86 +11,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import sys
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 from nonebot_plugin_memsum import clock
-from nonebot_plugin_memsum.lru import KeyedLocks
+from nonebot_plugin_memsum.lru import BoundedCache, KeyedLocks
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
-
-
-@dataclass(slots=True)
-class _Entry(Generic[V]):
-    value: V
-    size: int
-    expires: float
-    used: float
-
-
-class BoundedCache(Generic[K, V]):
-    """An LRU bounded by entries and by approximate bytes; entries expire after their
-    time to live, and entries nobody read for `idle_seconds` are dropped."""
-
-    def __init__(
-        self,
-        *,
-        max_entries: int,
-        max_bytes: int,
-        idle_seconds: float,
-        size: Callable[[K, V], int],
-        now: Callable[[], float] = lambda: clock.now(),
-    ) -> None:
-        self.max_entries = max_entries
-        self.max_bytes = max_bytes
-        self.idle_seconds = idle_seconds
-        self._size = size
-        self._now = now
-        self._entries: OrderedDict[K, _Entry[V]] = OrderedDict()
-        self.bytes = 0
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def get(self, key: K) -> V | None:
-        """The live value, marked as just used; None when absent or expired."""
-        entry = self._entries.get(key)
-        if entry is None:
-            return None
-        now = self._now()
-        if entry.expires <= now:
-            self.pop(key)
-            return None
-        entry.used = now
-        self._entries.move_to_end(key)
-        return entry.value
-
-    def put(self, key: K, value: V, ttl: float) -> None:
-        self.pop(key)
-        now = self._now()
-        entry = _Entry(value, self._size(key, value), now + ttl, now)
-        self._entries[key] = entry
-        self.bytes += entry.size
-        self._evict(now)
-
-    def pop(self, key: K) -> V | None:
-        entry = self._entries.pop(key, None)
-        if entry is None:
-            return None
-        self.bytes -= entry.size
-        return entry.value
-
-    def _evict(self, now: float) -> None:
-        # Least recently used first: over a bound, or idle (the order is the order of use).
-        while self._entries:
-            key, oldest = next(iter(self._entries.items()))
-            over = len(self._entries) > self.max_entries or self.bytes > self.max_bytes
-            if not over and oldest.used > now - self.idle_seconds:
-                return
-            self.pop(key)
 
 
 # ---- names --------------------------------------------------------------------------
