@@ -95,7 +95,10 @@ def count_trim(history: Sequence[Message], limit: int) -> list[Message]:
     The segment is half the limit: the cut point moves only every limit/2 messages, so
     the sent prefix stays the same between most turns.
     """
-    conv = conversation(history)
+    return _count_trim(conversation(history), limit)
+
+
+def _count_trim(conv: list[Message], limit: int) -> list[Message]:
     if limit <= 0 or len(conv) <= limit:
         return conv
     segment = max(1, limit // 2)
@@ -190,10 +193,12 @@ def assemble(
     tools: Sequence[dict[str, Any]] = (),
     estimate_msg: Callable[[Message], int],
     estimate_text: Callable[[str], int],
+    wire: Callable[[Sequence[Message]], Sequence[dict[str, Any]]] | None = None,
 ) -> Prompt:
-    """System parts (persona, contributions, `context` last), then the trimmed history."""
+    """System parts (persona, contributions, `context` last), then the trimmed history.
+    `wire`: the history messages as sent (default to_openai each; agent/wire.py caches them)."""
     conv = conversation(history)
-    counted = sendable(count_trim(conv, history_limit))
+    counted = sendable(_count_trim(conv, history_limit))
     fixed = REQUEST_OVERHEAD + sum(estimate_text(p) + MESSAGE_OVERHEAD for p in system_parts if p)
     if tools:
         fixed += estimate_text(json.dumps(list(tools), ensure_ascii=False))
@@ -205,7 +210,7 @@ def assemble(
         kept = [_cut_to_fit(counted[-1], trim_budget - fixed, estimate_msg)]
         kept_tokens = estimate_msg(kept[0])
     messages = [{"role": "system", "content": p} for p in system_parts if p]
-    messages += [to_openai(m) for m in kept]
+    messages += [to_openai(m) for m in kept] if wire is None else wire(kept)
     if kept and kept[-1].role == "assistant" and not kept[-1].tool_calls:
         # Messages that came in while the last answer was being written are stored
         # before it; some APIs refuse a prompt that ends with the assistant, and the

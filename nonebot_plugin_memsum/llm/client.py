@@ -292,9 +292,36 @@ class LLMClient:
             logger.warning(f"memsum: usage ledger failed for {result.model_id}: {type(err).__name__}: {err}")
 
 
+def _dumps(value: Any) -> bytes:
+    """JSON, compact and in UTF-8 (what httpx's `json=` sends)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+class WireMessage(dict[str, Any]):
+    """A chat message with its JSON made once (`encoded`), so a request of many such messages
+    is mostly joined pre-encoded pieces. Shared between requests, so it cannot be changed:
+    copy it (`dict(m)`) to make a different message."""
+
+    __slots__ = ("encoded",)
+
+    def __init__(self, fields: Mapping[str, Any]) -> None:
+        super().__init__(fields)
+        self.encoded = _dumps(self)
+
+    def _frozen(self, *_: Any, **__: Any) -> Any:
+        raise TypeError("a WireMessage is shared between requests: change a copy, dict(message)")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _frozen  # type: ignore[assignment]
+
+
 def encode_body(body: Mapping[str, Any]) -> bytes:
-    """The request as JSON, compact and in UTF-8 (what httpx's `json=` sends)."""
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    """The request as JSON; its WireMessages go in as they were encoded."""
+    messages = body.get("messages") or ()
+    if not any(isinstance(m, WireMessage) for m in messages):
+        return _dumps(body)  # one call: cheaper than one per message
+    rest = _dumps({k: v for k, v in body.items() if k != "messages"})
+    joined = b",".join(m.encoded if isinstance(m, WireMessage) else _dumps(m) for m in messages)
+    return b'{"messages":[' + joined + (b"]," + rest[1:] if len(rest) > 2 else b"]}")
 
 
 def _estimate_message(msg: Mapping[str, Any]) -> int:
