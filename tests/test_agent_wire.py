@@ -65,10 +65,9 @@ def test_a_copy_without_a_stored_id_is_converted_but_not_kept() -> None:
 def test_the_cache_stays_within_its_bytes_least_recently_used_first_out() -> None:
     wire = WireCache(max_bytes=20_000)
     kept = [stored(i, "[甲(20001)] " + "长" * 200) for i in range(200)]
-    for m in kept[:10]:
-        wire([m])
-    size_one = wire.size_bytes // 10
-    for i, m in enumerate(kept[10:]):
+    wire(kept[:1])
+    size_one = wire.size_bytes  # every message here is the same size
+    for i, m in enumerate(kept[1:]):
         wire([kept[0], m])  # the first stays in use
         assert wire.size_bytes <= 20_000, i
     assert len(wire) == 20_000 // size_one
