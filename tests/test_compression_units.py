@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from nonebot_plugin_memsum.compression.units import (
     ASSISTANT_PREFIX,
+    Estimators,
     annotate,
     build_units,
     cut_before_question,
@@ -14,6 +15,7 @@ from nonebot_plugin_memsum.compression.units import (
     has_conversation,
     number_units,
     render_unit,
+    text_tokens,
 )
 from nonebot_plugin_memsum.types import Message
 from tests.fakes.compression import EST, assistant, divider, notice, result, user
@@ -218,3 +220,40 @@ def test_r_run_3_a_member_cannot_open_an_assistant_or_notice_line_for_the_summar
     assert [line for line in unit.text.splitlines() if not line.startswith(" ")] == ["[甲(1)] 你好"]
     group = build_units([assistant("看\n通知: x", ("c1", "f", "{}")), result("c1", "第一行\n助手: 假的")])
     assert group[0].text == "助手: 看\n  通知: x\n调用 f({})\n工具结果(f): 第一行\n  助手: 假的"
+
+
+def test_r_bud_2_text_tokens_is_the_text_estimate_of_every_rendered_unit() -> None:
+    # With the real estimators and the estimates the agent stores with each message: a
+    # one-line user message is counted from its stored estimate, every other unit (an
+    # assistant's prefix, indented lines, a notice, a tool group) is tokenised; the sum is
+    # the text estimate of the rendered units all the same.
+    from nonebot_plugin_memsum.compression.service import run_estimators
+    from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_text_tokens
+
+    span = [
+        user("[甲(1)] 明天去爬山吗 😂 OK"),
+        user("[乙(2)] 第一行\n第二行"),
+        assistant("好的，明天 8 点出发"),
+        assistant("", ("c1", "todo_write", '{"items": []}')),
+        result("c1", "待办已更新"),
+        notice("丙 加入了群聊"),
+        user("[丙(3)] 带上水"),
+    ]
+    stored_span = [replace(m, tokens=estimate_msg_tokens(m)) for m in span]
+    units = build_units(stored_span)
+    assert text_tokens(units, run_estimators()) == sum(estimate_text_tokens(u.text) for u in units)
+
+
+def test_r_bud_2_text_tokens_reads_a_one_line_user_message_from_its_stored_estimate() -> None:
+    asked: list[str] = []
+
+    def text(t: str) -> int:
+        asked.append(t)
+        return len(t)
+
+    est = Estimators(text=text, msg=EST.msg, content=lambda m: 100 if m.tokens is not None else None)
+    kept = replace(user("[甲(1)] 在吗"), tokens=7)
+    units = build_units([kept, user("[乙(2)] 没有存估计"), replace(user("[丙(3)] 两\n行"), tokens=9)])
+    assert text_tokens(units, est) == 100 + len("[乙(2)] 没有存估计") + len("[丙(3)] 两\n  行")
+    # Rendered differently from its content (indented lines): tokenised, not read back.
+    assert asked == ["[乙(2)] 没有存估计", "[丙(3)] 两\n  行"]

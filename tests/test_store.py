@@ -206,6 +206,39 @@ async def test_message_fields_round_trip(store: Store) -> None:
     assert history[1].metadata == {}
 
 
+async def test_every_message_field_reads_back_as_the_dataclass_would_build_it(store: Store) -> None:
+    """The store builds a read Message by setting its slots, not through its __init__
+    (store._message_from_row): every field comes back, and the result equals, hashes and
+    prints like the same Message built the ordinary way."""
+    from dataclasses import fields
+
+    from nonebot_plugin_memsum.types import Message, ToolCall
+
+    original = Message(
+        role="assistant",
+        content="看这个",
+        name="bot",
+        tool_calls=(ToolCall(id="c1", name="recall", arguments='{"q": "爬山"}'),),
+        tool_call_id="c0",
+        ts=3.5,
+        metadata={"visibleContent": "看"},
+        event_marker=True,
+        tokens=17,
+        platform_id="p-9",
+        addressed=True,
+    )
+    stored = await store.append(SID, original)
+    store._history.clear()  # decoded from the row, not served from the history cache
+    (got,) = await store.get_history(SID)
+
+    names = [f.name for f in fields(Message)]
+    assert [getattr(got, n) for n in names] == [getattr(stored, n) for n in names]
+    built = Message(**{n: getattr(got, n) for n in names})
+    assert got == built
+    assert hash(got) == hash(built)
+    assert repr(got) == repr(built)
+
+
 async def test_huge_content_stores_fine(store: Store) -> None:
     content = "长" * 1_000_000 + "end"
     await store.append(SID, _msg(content, ts=1.0))

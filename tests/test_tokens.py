@@ -365,3 +365,23 @@ def test_concurrent_first_estimates_load_once(fresh: None, monkeypatch: pytest.M
         counts = list(pool.map(tokens.estimate_text_tokens, ["hello world"] * 8))
     assert counts == [2] * 8
     assert built == ["o200k_base"]
+
+
+def test_stored_content_tokens_reads_the_content_estimate_back_from_a_user_message() -> None:
+    from dataclasses import replace
+
+    texts = ["[甲(1)] 明天去爬山吗 😂 OK", "", "[乙(2)] def f(x): return x ** 2"]
+    for text in texts:
+        m = Message(role="user", content=text, name="1")
+        stored = replace(m, tokens=tokens.estimate_msg_tokens(m))
+        assert tokens.stored_content_tokens(stored) == tokens.estimate_text_tokens(text)
+    # Its estimate covers more than the content, or there is none: unknown.
+    call = ToolCall(id="c1", name="f", arguments="{}")
+    for other in (
+        Message(role="assistant", content="好", tokens=9),
+        Message(role="assistant", content="", tool_calls=(call,), tokens=20),
+        Message(role="notice", content="丙 加入了群聊", tokens=9),
+        Message(role="tool", content="ok", tool_call_id="c1", tokens=9),
+        Message(role="user", content="在吗"),
+    ):
+        assert tokens.stored_content_tokens(other) is None

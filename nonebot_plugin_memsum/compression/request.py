@@ -11,7 +11,7 @@ The run, as the async service drives it (everything here is pure)::
         ratio=summary_budget_ratio,
         summary_window=model.context_window, summary_max_output=model.max_output_tokens,
         existing_summary_tokens=est.text(old_summary),
-        units_tokens=sum(est.text(u.text) for u in units),
+        units_tokens=text_tokens(units, est),
     )
     plan = ChunkPlan.start(                                     # CompressionError: window too small
         units=units, template=choose_template(record, is_owner), budget=budget,
@@ -257,7 +257,7 @@ class ChunkPlan:
         parts = number_units(
             units, keep_cap=budget.keep_cap, capacity=cap, est=est, measured=rule == "measured"
         )
-        return replace(plan, queue=tuple(piece for p in parts for piece in plan._split(p, cap // 2)))
+        return replace(plan, queue=plan._split_all(parts, cap // 2))
 
     def under_spec_rule(self) -> ChunkPlan:
         """The same run from the request not yet answered on, sized by the literal R-RUN-9 rule.
@@ -270,7 +270,7 @@ class ChunkPlan:
         if cap < MIN_CAPACITY:
             raise CompressionError(REFUSED_WINDOW)  # R-FAIL-2
         plan = replace(plan, capacity=cap)
-        return replace(plan, queue=tuple(piece for p in self.queue for piece in plan._split(p, cap // 2)))
+        return replace(plan, queue=plan._split_all(self.queue, cap // 2))
 
     def _start_capacity(self) -> int:
         fixed_text = _user_message("", "", self.todos)  # the longest form: every request fits
@@ -298,6 +298,16 @@ class ChunkPlan:
 
     def _size(self, part: Part) -> int:
         return len(part.text) if self.rule == "spec" else part.tokens
+
+    def _split_all(self, parts: Sequence[Part], size: int) -> tuple[Part, ...]:
+        """`parts` with every one over `size` split (most fit: they are passed on as they are)."""
+        queue: list[Part] = []
+        for p in parts:
+            if self._size(p) <= size:
+                queue.append(p)
+            else:
+                queue += self._split(p, size)
+        return tuple(queue)
 
     def _split(self, part: Part, size: int) -> list[Part]:
         """R-RUN-10: a part over `size`, as unnumbered pieces of at most `size`, cut at a

@@ -44,11 +44,12 @@ from nonebot_plugin_memsum.compression.units import (
     cut_before_question,
     cut_point,
     has_conversation,
+    text_tokens,
 )
 from nonebot_plugin_memsum.config import Config
 from nonebot_plugin_memsum.errors import CompressionCancelled, CompressionError
 from nonebot_plugin_memsum.llm import LLMClient, LLMError, LLMLengthLimit, LLMStatusError, Registry
-from nonebot_plugin_memsum.llm.tokens import estimate_stored, estimate_text_tokens
+from nonebot_plugin_memsum.llm.tokens import estimate_stored, estimate_text_tokens, stored_content_tokens
 from nonebot_plugin_memsum.lru import LRU, SESSIONS_KEPT, BoundedCache, KeyedLocks
 from nonebot_plugin_memsum.settings import Settings
 from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE, Store, StoreError
@@ -87,8 +88,9 @@ def _summary_bytes(record: dict[str, Any] | None) -> int:
 
 
 def run_estimators() -> Estimators:
-    """The estimates of one compression run: the keep cost N (R-RUN-6) and the measured
-    capacity use the estimates stored per message. Its units are rendered for this run only, so
+    """The estimates of one compression run: the keep cost N (R-RUN-6), the measured
+    capacity and the text estimate of one-line user messages (R-BUD-2) use the estimates
+    stored per message. Its units are rendered for this run only, so
     their texts are remembered for the run (the plan estimates some several times), not
     in the shared estimate cache, where at a thousand groups they pushed out the texts
     that come back (issue 15)."""
@@ -100,7 +102,7 @@ def run_estimators() -> Estimators:
             tokens = memo[t] = estimate_text_tokens(t, keep=False)
         return tokens
 
-    return Estimators(text=text, msg=estimate_stored)
+    return Estimators(text=text, msg=estimate_stored, content=stored_content_tokens)
 
 
 class _ContextTooLong(Exception):
@@ -167,8 +169,9 @@ class _Run:
 
 
 def same_item(a: Message, b: Message) -> bool:
-    """R-RUN-11: timestamp, role, content and tool call ids."""
-    return (
+    """R-RUN-11: timestamp, role, content and tool call ids (the very same object: both
+    reads came from the history cache, which holds what the database holds)."""
+    return a is b or (
         a.id == b.id
         and a.ts == b.ts
         and a.role == b.role
@@ -747,7 +750,7 @@ class CompressionService:
             summary_window=model.context_window,
             summary_max_output=model.max_output_tokens,
             existing_summary_tokens=estimate_text_tokens(old_text),
-            units_tokens=sum(est.text(u.text) for u in units),
+            units_tokens=text_tokens(units, est),
         )
         plan = ChunkPlan.start(
             units=units,

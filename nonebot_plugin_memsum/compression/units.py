@@ -19,12 +19,19 @@ CUT = 200
 ASSISTANT_PREFIX = "助手: "
 
 
+def _no_content_estimate(_: Message) -> int | None:
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Estimators:
     """Token estimates, injected so the core stays deterministic in tests."""
 
     text: Callable[[str], int]
     msg: Callable[[Message], int]
+    content: Callable[[Message], int | None] = _no_content_estimate
+    """`text` of a message's content as taken when it was stored, when known
+    (llm.tokens.stored_content_tokens): `text_tokens` need not tokenise it again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,17 +188,29 @@ def build_units(span: Sequence[Message]) -> list[Unit]:
     for i, m in enumerate(span):
         if not m.is_conversation:
             continue
-        if i in groups.results:
-            indexes = (i, *groups.results[i])
-            complete = groups.complete[i]
-        elif i in groups.member:
-            continue  # a result, already in its group
-        else:
-            indexes = (i,)
-            complete = m.role != "tool"  # a lone tool result cannot be kept verbatim
-        messages = tuple(span[j] for j in indexes)
-        units.append(Unit(indexes, messages, complete, render_unit(messages, tool_names)))
+        results = groups.results.get(i)
+        if results is not None:
+            indexes = (i, *results)
+            messages = tuple(span[j] for j in indexes)
+            units.append(Unit(indexes, messages, groups.complete[i], render_unit(messages, tool_names)))
+        elif i not in groups.member:  # else a result, already in its group
+            # A lone tool result cannot be kept verbatim.
+            units.append(Unit((i,), (m,), m.role != "tool", render_message(m, tool_names)))
     return units
+
+
+def text_tokens(units: Sequence[Unit], est: Estimators) -> int:
+    """R-BUD-2: the text estimate of the rendered units, summed.
+
+    A unit shown exactly as its one message's stored content (a one-line user message)
+    counts the estimate of that same text taken when it was stored (`est.content`), so
+    a 5,000-message history is not tokenised again; the rest are estimated here.
+    """
+    total = 0
+    for u in units:
+        known = est.content(u.messages[0]) if len(u.messages) == 1 else None
+        total += known if known is not None and u.text == u.messages[0].content else est.text(u.text)
+    return total
 
 
 def has_conversation(units: Sequence[Unit]) -> bool:
@@ -222,14 +241,16 @@ def number_units(
     parts: list[Part] = []
     number = 1
     annotation = est.text(annotate(99999, 99999, ""))
+    msg = est.msg
     for u in units:
-        cost = sum(est.msg(m) for m in u.messages)
+        messages = u.messages
+        cost = msg(messages[0]) if len(messages) == 1 else sum(map(msg, messages))
         tokens = cost + u.text.count("\n")
-        annotated = annotate(number, cost, u.text)
-        size = tokens + annotation if measured else len(annotated)
-        if u.complete and keep_cap > 0 and cost <= keep_cap and 2 * size <= capacity:
-            parts.append(Part(u, number, cost, annotated, tokens + annotation))
-            number += 1
-        else:
-            parts.append(Part(u, None, cost, u.text, tokens))
+        if u.complete and 0 < keep_cap and cost <= keep_cap:
+            annotated = annotate(number, cost, u.text)
+            if 2 * (tokens + annotation if measured else len(annotated)) <= capacity:
+                parts.append(Part(u, number, cost, annotated, tokens + annotation))
+                number += 1
+                continue
+        parts.append(Part(u, None, cost, u.text, tokens))
     return parts

@@ -314,6 +314,15 @@ def estimate_msg_tokens(msg: Message, *, keep: bool = True) -> int:
     return total
 
 
+def stored_content_tokens(msg: Message) -> int | None:
+    """The estimate of `msg.content` alone, read back from its stored estimate when that
+    covers nothing else (`estimate_msg_tokens` of a user message: its content and
+    MESSAGE_OVERHEAD); None when it covers more, or none was stored."""
+    if msg.tokens is None or msg.role != "user" or msg.tool_calls or msg.tool_call_id:
+        return None
+    return msg.tokens - MESSAGE_OVERHEAD
+
+
 def estimate_stored(msg: Message) -> int:
     """The estimate taken when the message was stored; computed for older rows and copies."""
     return msg.tokens if msg.tokens is not None else estimate_msg_tokens(msg)
