@@ -127,6 +127,10 @@ class Db(ABC):
         """Inside a transaction: no other connection writes the session's messages until it
         ends, and every write begun before is committed or gone (the compression's re-read)."""
 
+    async def count_archived(self, session_id: str, rows: int) -> None:
+        """`rows` active messages of the session were just archived: `message_counts` follows.
+        PostgreSQL's trigger counted them as each row changed."""
+
     # ---- the search index (store/search.py, store/pg_search.py) ----
     @abstractmethod
     async def insert_message(
@@ -261,6 +265,17 @@ class SqliteDb(Db):
 
     def day(self, ts: str) -> str:
         return f"CAST(({ts} + ?) / 86400 AS INTEGER)"  # truncation: times are positive
+
+    async def count_archived(self, session_id: str, rows: int) -> None:
+        # One statement for all of them (migration 8 dropped the per-row trigger, which took
+        # ~17 ms of a 5,000-message compression): the archived count goes up by `rows`, the
+        # active ones are counted again (after a compression or a clear few are left).
+        await self.write(
+            "UPDATE message_counts SET archived = archived + ?, active = (SELECT COUNT(*) FROM messages"
+            " WHERE session_id = ? AND archived = 0 AND event_marker = 0 AND role != 'system')"
+            " WHERE session_id = ?",
+            (rows, session_id, session_id),
+        )
 
     async def insert_message(
         self, sql: str, params: Sequence[Any], session_id: str, msg: Message, ts: float

@@ -382,6 +382,7 @@ class Tx:
             "UPDATE messages SET archived = 1 WHERE session_id = ? AND archived = 0 AND id BETWEEN ? AND ?",
             runs,
         )
+        await self._live().count_archived(session_id, count - len(kept))
         return count - len(kept)
 
     async def get_archived(self, session_id: str, limit: float = math.inf) -> list[Message]:
@@ -420,9 +421,13 @@ class Tx:
             raise StoreError(f"unknown clear kind {kind!r}; allowed: context, summary")
         if kind == "context":
             self._touched.add(session_id)
+            rows = await self._fetch(
+                "SELECT COUNT(*) FROM messages WHERE session_id = ? AND archived = 0", (session_id,)
+            )
             await self._fetch(
                 "UPDATE messages SET archived = 1 WHERE session_id = ? AND archived = 0", (session_id,)
             )
+            await self._live().count_archived(session_id, int(rows[0][0]))
             await self._live().forget(session_id)  # what was cleared is never found again
         await self.delete_meta(SUMMARY_NAMESPACE, session_id)
 
