@@ -190,6 +190,13 @@ async def _m007_search_scoped(db: PostgresDb) -> None:
     del db
 
 
+async def _m008_archive_counted_by_statement(db: PostgresDb) -> None:
+    # SQLite dropped its per-row archive trigger (store/migrations.py); here the one
+    # trigger also bumps the session's write counter the history cache checks, so it
+    # stays: the step keeps the two engines' versions numbered alike.
+    del db
+
+
 PG_MIGRATIONS: tuple[PgMigration, ...] = (
     _m001_initial,
     _m002_message_tokens,
@@ -198,6 +205,7 @@ PG_MIGRATIONS: tuple[PgMigration, ...] = (
     _m005_compressions,
     _m006_crash_recovery,
     _m007_search_scoped,
+    _m008_archive_counted_by_statement,
 )
 
 
