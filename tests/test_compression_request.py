@@ -368,3 +368,30 @@ def test_measured_rule_splits_a_paste_at_lines_and_every_request_fits() -> None:
     ).under_spec_rule()
     assert spec.rule == "spec"
     assert spec.capacity == start(units, window, template=CHAT).capacity
+
+
+def test_r_run_10_each_plan_works_out_its_own_request() -> None:
+    # A plan remembers its next request's parts between next_request and after_reply; the
+    # plan after a reply, and one sized again under the literal rule, work out their own.
+    from dataclasses import replace
+
+    units = build_units([user(letter * 20) for letter in "abcdefghij"])
+    window = window_for(units, 100)
+    plan = start(units, window)
+    first = plan.next_request()
+    assert plan.next_request() == first
+    assert sorted(plan.after_reply(keep(2)).next_request().offered) == [2, 3]
+
+    measured = ChunkPlan.start(
+        units=units,
+        template=WORK,
+        budget=BUDGET,
+        summary_window=window,
+        existing_summary="",
+        todos=None,
+        est=EST,
+        rule="measured",
+    )
+    sent = measured.next_request()
+    spec = measured.under_spec_rule()
+    assert spec.next_request() == replace(spec).next_request() != sent

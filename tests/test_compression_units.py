@@ -257,3 +257,15 @@ def test_r_bud_2_text_tokens_reads_a_one_line_user_message_from_its_stored_estim
     assert text_tokens(units, est) == 100 + len("[乙(2)] 没有存估计") + len("[丙(3)] 两\n  行")
     # Rendered differently from its content (indented lines): tokenised, not read back.
     assert asked == ["[乙(2)] 没有存估计", "[丙(3)] 两\n  行"]
+
+
+def test_r_run_3_one_line_text_is_shown_as_it_is_and_line_breaks_are_what_splitlines_splits() -> None:
+    from nonebot_plugin_memsum.compression import units
+
+    # indent_continuation returns a text with no line break untouched (no split): the
+    # characters it looks for are exactly those str.splitlines splits at (all in the BMP).
+    for c in map(chr, range(0x10000)):
+        assert (units._LINE_BREAK.search(c) is not None) == (len(f"a{c}b".splitlines()) == 2), hex(ord(c))
+    text = "[甲(1)] 一行 😂"
+    assert units.indent_continuation(text) is text
+    assert units.indent_continuation("a\u2028b\x85c\r\n") == "a\n  b\n  c"

@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from types import MappingProxyType
 from typing import Literal
@@ -228,6 +228,10 @@ class ChunkPlan:
     """The existing summary: the stored one, then each request's result."""
     warnings: tuple[str, ...] = ()
     requests: int = 0
+    _composed: tuple[tuple[Part, ...], tuple[Part, ...], tuple[Part, ...]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+    """`_compose`'s answer, worked out once: `next_request` and `after_reply` both ask."""
 
     @classmethod
     def start(
@@ -327,6 +331,12 @@ class ChunkPlan:
 
     def _compose(self) -> tuple[tuple[Part, ...], tuple[Part, ...], tuple[Part, ...]]:
         """The re-sent parts, the queued parts the next request takes, and the queue after it (R-RUN-10)."""
+        if self._composed is None:
+            object.__setattr__(self, "_composed", self._work_out_request())  # a frozen plan's memo
+        assert self._composed is not None
+        return self._composed
+
+    def _work_out_request(self) -> tuple[tuple[Part, ...], tuple[Part, ...], tuple[Part, ...]]:
         available = self._available()
         sep = len(SEPARATOR) if self.rule == "spec" else SEPARATOR_TOKENS
         queue = self.queue

@@ -9,6 +9,7 @@ sessions it starts with its `[昵称(ID)]` label); an assistant's words start wi
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -17,6 +18,8 @@ from nonebot_plugin_memsum.types import Message
 CUT = 200
 """R-RUN-3: tool arguments, tool results and notices are cut hard at this many characters."""
 ASSISTANT_PREFIX = "助手: "
+_LINE_BREAK = re.compile("[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]")
+"""What `str.splitlines` splits at."""
 
 
 def _no_content_estimate(_: Message) -> int | None:
@@ -151,6 +154,8 @@ def indent_continuation(text: str) -> str:
     Only the first line of a record starts at the margin, so a member's message cannot
     open a line that reads as the assistant's words, a notice or another speaker.
     """
+    if _LINE_BREAK.search(text) is None:  # most messages: one line, nothing to split
+        return text
     return "\n  ".join(text.splitlines())
 
 
