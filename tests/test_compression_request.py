@@ -16,6 +16,7 @@ from nonebot_plugin_memsum.compression.parse import ParsedReply, parse_reply
 from nonebot_plugin_memsum.compression.request import (
     EMPTY_SUMMARY,
     REFUSED_WINDOW,
+    CapacityRule,
     ChunkPlan,
     CompressionError,
     SummaryRequest,
@@ -38,6 +39,7 @@ def start(
     summary: str = "",
     todos: Sequence[tuple[str, str]] | None = None,
     budget: Budget = BUDGET,
+    rule: CapacityRule = "spec",
 ) -> ChunkPlan:
     return ChunkPlan.start(
         units=units,
@@ -47,6 +49,7 @@ def start(
         existing_summary=summary,
         todos=todos,
         est=EST,
+        rule=rule,
     )
 
 
@@ -382,16 +385,7 @@ def test_r_run_10_each_plan_works_out_its_own_request() -> None:
     assert plan.next_request() == first
     assert sorted(plan.after_reply(keep(2)).next_request().offered) == [2, 3]
 
-    measured = ChunkPlan.start(
-        units=units,
-        template=WORK,
-        budget=BUDGET,
-        summary_window=window,
-        existing_summary="",
-        todos=None,
-        est=EST,
-        rule="measured",
-    )
+    measured = start(units, window, rule="measured")
     sent = measured.next_request()
     spec = measured.under_spec_rule()
     assert spec.next_request() == replace(spec).next_request() != sent
