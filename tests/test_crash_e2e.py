@@ -9,6 +9,7 @@ import asyncio
 import json
 import re
 import signal
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -210,6 +211,58 @@ async def _count(bot: BotProcess, sid: str, n: int) -> bool:
 
 async def _answered(sim: OneBotSim, message_id: int) -> bool:
     return bool(answers_to(sim, message_id))
+
+
+async def test_a_question_the_kill_left_unanswered_is_answered_before_the_whole_backfill(
+    tmp_path: Path, llm: ScriptedLLM
+) -> None:
+    # Issue 15: at a thousand groups the backfill on connect takes half a minute. A question
+    # asked just before the crash is answered once its own session's history is in: that
+    # session is fetched first and resumed at once, not after every session's fetch.
+    asked_group, others = 7301, list(range(7310, 7320))  # more than FETCHES_AT_ONCE (8)
+    first_life, reached = threading.Event(), threading.Event()
+    first_life.set()
+
+    def respond(body: dict[str, Any]) -> Reply | None:
+        if not is_chat(body):
+            return None
+        if first_life.is_set():
+            reached.set()
+            return Reply("好的", delay=5)  # still thinking when the bot is killed
+        return Reply("好的")
+
+    llm.reset()
+    llm.on_request(respond)
+    release = asyncio.Event()
+    async with BotProcess(tmp_path / "bot", env=env(llm), log_level="INFO") as bot:
+        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+        await connect(bot, sim)
+        for group in others:  # older sessions: the backfill would take them first
+            await sim.group_message(group, 20001, "早上好", nickname="甲")
+        await until(lambda: _count(bot, group_sid(others[-1]), 1), "the other groups' messages")
+        question = await sim.group_message(asked_group, 20002, [at(SELF_ID), text(" 在吗")], nickname="乙")
+        assert await asyncio.to_thread(reached.wait, 20)
+        await bot.kill()
+        first_life.clear()
+        await asyncio.wait_for(sim.disconnected.wait(), 15)
+        history = sim.responders["get_group_msg_history"]
+
+        async def held(params: dict[str, Any]) -> Any:
+            if int(params["group_id"]) in others:
+                await release.wait()
+            return history(params)
+
+        sim.responders["get_group_msg_history"] = held
+        await bot.start()
+        await connect(bot, sim)
+        await until(lambda: _answered(sim, question), "the answer while the other sessions' fetches are held")
+        assert "memsum: backfill of 10000:" not in bot.log()
+        release.set()
+        await wait_log(bot, "memsum: backfill of 10000:")
+        await wait_log(bot, "memsum: 1 sessions of 10000 had questions left unanswered")
+        assert len(answers_to(sim, question)) == 1
+        await sim.close()
+    llm.reset()
 
 
 async def test_sigterm_lets_the_turn_in_flight_send_its_answer_before_the_bot_exits(

@@ -19,7 +19,10 @@ from dataclasses import dataclass, field
 
 from nonebot_plugin_memsum.types import Message
 
-MAX_SESSIONS = 256
+MAX_SESSIONS = 64
+"""Sessions kept: a busy session's turns come back within seconds; one quiet while 64 others
+spoke gains little from staying (at a thousand groups a bound of 256 sessions kept growing
+for minutes as their histories did, issue 15)."""
 MAX_BYTES = 64 << 20
 _PER_MESSAGE = 800
 """Bytes a decoded Message costs beyond its text: the object, its fields (the name, the
