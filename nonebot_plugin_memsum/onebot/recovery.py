@@ -8,8 +8,8 @@ sessions at a time; a live message of such a session waits until its backfill is
 done, so what was said before it is stored before it. Every question to the bot younger
 than MEMSUM_RESUME_WINDOW with no answer yet gets one turn per session (the newest asker
 quoted), as a burst does: as soon as its session's backfill is stored (sessions with a
-question left unanswered are fetched first, after those a live message waits for), not
-after the whole account's, which takes half a minute at a thousand groups.
+question left unanswered are fetched first, then those a live message waits for), not
+after the whole account's, which takes half a minute and more at a thousand groups.
 """
 
 from __future__ import annotations
@@ -194,8 +194,11 @@ async def _recover(bot: Bot, account: Account) -> None:
             since = clock.now() - config.memsum_backfill_hours * 3600
             sessions = await rt.store.recent_sessions(f"{PLATFORM}:{bot.self_id}:", since)
         if sessions and config.memsum_resume_window:
+            # Fetched first, before those a live message waits for (asked later): at a
+            # thousand groups live messages want a new session every few milliseconds.
             account.asked = {sid for sid, _ in await _pending(bot)}
-            sessions.sort(key=lambda s: s[0] not in account.asked)  # stable: oldest first within
+            sessions.sort(key=lambda s: s[0] not in account.asked)  # the probes too; stable
+            account.wanted = dict.fromkeys(sid for sid, _ in sessions if sid in account.asked)
         for sid, _ in sessions:
             account.gates[sid] = asyncio.Event()
     except Exception as err:
