@@ -61,11 +61,12 @@ LedgerFn = Callable[[str | None, str, str, int, int, int], Awaitable[None]]
 """(session_id, purpose, model_id, tokens_in, tokens_out, tokens_cached), awaited after each
 successful call; tokens_cached is the part of tokens_in the provider's prompt cache served."""
 
-POOL_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=100, keepalive_expiry=30.0)
-"""Every connection a burst of concurrent calls opened goes back to the pool (httpx keeps only 20 by
-default: a thousand groups asking at once reconnected on most calls, a TLS handshake each), and
-stays for 30 s rather than 5, the gap between a quiet group's questions; a connection the server
-closed meanwhile is noticed by the pool before it is used."""
+POOL_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=30.0)
+"""httpx's pool, but an idle connection stays 30 s instead of 5: a group asks every few seconds
+to minutes, and each new connection to an API is a TLS handshake. A connection the server
+closed meanwhile is noticed by the pool before it is used. Not more than httpx's 20 kept:
+the pool checks every kept connection (a system call each) at every request and release,
+which cost more CPU in bench_ingest at 100 than the reconnects it saved."""
 _DETAIL_CHARS = 200
 _DRAIN_SECONDS = 2.0
 """How long a stream's body may go on after `[DONE]` before we stop reading and drop the connection."""
