@@ -57,7 +57,10 @@ class WireCache:
 
     def _add(self, m: Message) -> WireMessage:
         wire = WireMessage(to_openai(m))
-        size = message_bytes(m) + len(wire.encoded) + _PER_ENTRY
+        # The message and its JSON (3 UTF-8 bytes a CJK character against the decoded text's 2):
+        # at most 2.5 times the message alone; counted before the JSON is made, as a prompt that
+        # is only built (api.build_prompt) never encodes it.
+        size = message_bytes(m) * 5 // 2 + _PER_ENTRY
         if m.id is None or size > self.max_bytes:
             return wire  # a copy made for one prompt, or one message over the bound
         self._entries[id(m)] = (m, wire, size)

@@ -299,15 +299,21 @@ def _dumps(value: Any) -> bytes:
 
 
 class WireMessage(dict[str, Any]):
-    """A chat message with its JSON made once (`encoded`), so a request of many such messages
-    is mostly joined pre-encoded pieces. Shared between requests, so it cannot be changed:
-    copy it (`dict(m)`) to make a different message."""
+    """A chat message whose JSON is made once, when a request first sends it (`encoded`), so a
+    request of many such messages is mostly joined pre-encoded pieces. Shared between requests,
+    so it cannot be changed: copy it (`dict(m)`) to make a different message."""
 
-    __slots__ = ("encoded",)
+    __slots__ = ("_encoded",)
 
     def __init__(self, fields: Mapping[str, Any]) -> None:
         super().__init__(fields)
-        self.encoded = _dumps(self)
+        self._encoded: bytes | None = None
+
+    @property
+    def encoded(self) -> bytes:
+        if self._encoded is None:
+            self._encoded = _dumps(self)
+        return self._encoded
 
     def _frozen(self, *_: Any, **__: Any) -> Any:
         raise TypeError("a WireMessage is shared between requests: change a copy, dict(message)")
