@@ -48,6 +48,11 @@ class Message:
     addressed: bool = field(default=False, compare=False)
     """The message asked the bot for an answer (@, a reply to it, its nickname, a private
     chat): start-up finds questions a crash left unanswered by it."""
+    wire: Any = field(default=None, init=False, repr=False, compare=False)
+    """Its wire form (`llm.client.WireMessage`), made once by `agent/wire.py` when a request
+    first sends it: a memo that lives and dies with this object, so it is bounded by whatever
+    holds the message (the store's history cache) and what a compression, a clear or a restart
+    reads anew simply has none yet. Not a value of the message: `replace` drops it."""
 
     @property
     def is_conversation(self) -> bool:

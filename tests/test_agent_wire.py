@@ -1,18 +1,19 @@
 """Stored messages encoded once for the wire (agent/wire.py, issue 9 item 6): what is sent is
-what the history holds after every write, compression, clear and restart, and the cache
-stays within its byte bound. Real SQLite file, real turns, a real server on 127.0.0.1 that
+what the history holds after every write, compression, clear and restart, and the form
+lives on the message object (its memory is the history cache's, tests/test_store_cache.py). Real SQLite file, real turns, a real server on 127.0.0.1 that
 parses every request it gets."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from nonebot_plugin_memsum import runtime
 from nonebot_plugin_memsum.agent.prompt import to_openai
-from nonebot_plugin_memsum.agent.wire import WireCache
+from nonebot_plugin_memsum.agent.wire import wire_forms
 from nonebot_plugin_memsum.compression.service import INJECTION_HEAD
 from nonebot_plugin_memsum.llm.client import WireMessage, encode_body
 from nonebot_plugin_memsum.runtime import Runtime
@@ -41,43 +42,39 @@ async def turn(rt: Runtime, llm: ScriptedLLM, answer: str) -> list[dict[str, Any
     return sent
 
 
-# ---- the cache ------------------------------------------------------------------------------
+# ---- the memo -------------------------------------------------------------------------------
 def test_a_message_is_encoded_once_and_a_message_read_anew_is_encoded_anew() -> None:
-    wire = WireCache()
     first = stored(1)
-    [a] = wire([first])
-    [b] = wire([first])
+    [a] = wire_forms([first])
+    [b] = wire_forms([first])
     assert a is b  # the same object: no second conversion, no second encoding
+    assert first.wire is a  # kept on the message: it lives and dies with it
     # The same id with other content, as SQLite may number a message again after the newest
     # rows were cleared: a new object, so its own wire form.
-    [c] = wire([stored(1, "[乙(20002)] 别的话")])
+    [c] = wire_forms([stored(1, "[乙(20002)] 别的话")])
     assert c["content"] == "[乙(20002)] 别的话"
     assert json.loads(c.encoded) == c
 
 
-def test_a_copy_without_a_stored_id_is_converted_but_not_kept() -> None:
-    wire = WireCache()
+def test_a_copy_without_a_stored_id_is_converted_but_carries_nothing() -> None:
     copy = Message(role="assistant", content="只有正文的副本")
-    assert wire([copy]) == [{"role": "assistant", "content": "只有正文的副本"}]
-    assert len(wire) == 0
+    assert wire_forms([copy]) == [{"role": "assistant", "content": "只有正文的副本"}]
+    assert copy.wire is None
 
 
-def test_the_cache_stays_within_its_bytes_least_recently_used_first_out() -> None:
-    wire = WireCache(max_bytes=20_000)
-    kept = [stored(i, "[甲(20001)] " + "长" * 200) for i in range(200)]
-    wire(kept[:1])
-    size_one = wire.size_bytes  # every message here is the same size
-    for i, m in enumerate(kept[1:]):
-        wire([kept[0], m])  # the first stays in use
-        assert wire.size_bytes <= 20_000, i
-    assert len(wire) == 20_000 // size_one
-    first = wire([kept[0]])[0]
-    assert wire([kept[0]])[0] is first  # still cached: it was used all along
-    assert first is not WireCache()([kept[0]])[0]
+def test_the_memo_is_no_part_of_the_message_value() -> None:
+    m = stored(1)
+    [w] = wire_forms([m])
+    assert m == stored(1)
+    assert hash(m) == hash(stored(1))
+    assert "wire" not in repr(m)
+    changed = replace(m, content="[甲(20001)] 改过")  # another message: no stale form
+    assert changed.wire is None
+    assert wire_forms([changed])[0]["content"] == "[甲(20001)] 改过" != w["content"]
 
 
 def test_a_wire_message_cannot_be_changed_and_its_body_is_the_plain_encoding() -> None:
-    [m] = WireCache()([stored(1)])
+    [m] = wire_forms([stored(1)])
     with pytest.raises(TypeError):
         m["content"] = "改了"
     with pytest.raises(TypeError):

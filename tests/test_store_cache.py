@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from nonebot_plugin_memsum.agent.wire import wire_forms
 from nonebot_plugin_memsum.store import Store
 from nonebot_plugin_memsum.store.cache import HistoryCache, message_bytes
 from nonebot_plugin_memsum.types import Message, ToolCall
@@ -197,7 +198,8 @@ def test_the_cache_is_bounded_by_sessions_and_bytes_least_recently_used_first() 
 
 async def test_a_decoded_message_takes_no_more_memory_than_the_cache_counts(location: Path | str) -> None:
     # Issue 15: the cache's bound in bytes (and the README's memory ceiling) holds only if
-    # what `message_bytes` counts is not below what a decoded group message really takes.
+    # what `message_bytes` counts is not below what a decoded group message really takes,
+    # with its wire form (agent/wire.py).
     store = Store(location)
     await store.open()
     for i in range(500):
@@ -210,6 +212,8 @@ async def test_a_decoded_message_takes_no_more_memory_than_the_cache_counts(loca
         tracemalloc.start()
         before = tracemalloc.get_traced_memory()[0]
         history = await store.get_history(SID)
+        for wire in wire_forms(history):  # and the wire form each gets when first sent
+            assert wire.encoded
         gc.collect()  # what the read left behind, not what it used on the way
         held = tracemalloc.get_traced_memory()[0] - before
         tracemalloc.stop()

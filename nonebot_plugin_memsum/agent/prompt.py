@@ -196,7 +196,7 @@ def assemble(
     wire: Callable[[Sequence[Message]], Sequence[dict[str, Any]]] | None = None,
 ) -> Prompt:
     """System parts (persona, contributions, `context` last), then the trimmed history.
-    `wire`: the history messages as sent (default to_openai each; agent/wire.py caches them)."""
+    `wire`: the history messages as sent (default to_openai each; agent/wire.py keeps each made once)."""
     conv = conversation(history)
     counted = sendable(_count_trim(conv, history_limit))
     fixed = REQUEST_OVERHEAD + sum(estimate_text(p) + MESSAGE_OVERHEAD for p in system_parts if p)

@@ -33,7 +33,7 @@ from nonebot_plugin_memsum.types import Message, SessionRecord, ToolCall
 from .events import EventBus, Outcome, TurnEnded, TurnStarted, UsageEvent
 from .prompt import Prompt, assemble, contribution_order, trim_budget
 from .tools import ToolContext, ToolRegistry
-from .wire import WireCache
+from .wire import wire_forms
 
 ReplyFn = Callable[[str], Awaitable[None]]
 Contribution = Callable[[str], Awaitable[str | None]]
@@ -97,8 +97,6 @@ class Agent:
     _make_room: MakeRoom | None = None
     """The compression's way to avoid a hard trim (issue 9); see `on_trim`."""
     _turn_tasks: dict[str, asyncio.Task[Any] | None] = field(default_factory=dict)
-    _wire: WireCache = field(default_factory=WireCache)
-    """Stored messages as sent, encoded once (wire.py)."""
     draining: bool = False
     """Shutting down: turns in flight finish, no new one starts (their questions are
     stored unanswered, so the next start answers them)."""
@@ -446,7 +444,7 @@ class Agent:
             tools=tools,
             estimate_msg=estimate_stored,
             estimate_text=estimate_text_tokens,
-            wire=self._wire,
+            wire=wire_forms,
         )
         return history, prompt
 

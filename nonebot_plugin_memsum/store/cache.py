@@ -29,12 +29,17 @@ _PER_MESSAGE = 800
 platform id, the time, the ids, the metadata dict), the list slot. tracemalloc measures about
 670 bytes for a decoded 25-character group message read from SQLite, 830 from PostgreSQL
 (tests/test_store_cache.py)."""
+_PER_WIRE = 250
+"""Bytes of the wire form a sent message carries (`Message.wire`, agent/wire.py) beyond its
+JSON text: the dict (its content is the message's own string) and the bytes object's header;
+tracemalloc measures about 200 for a 40-character group message's dict and 150 for its JSON."""
 
 
 def message_bytes(m: Message) -> int:
-    """Approximate memory of one decoded message (CPython keeps CJK text at 2 bytes a character)."""
+    """Approximate memory of one decoded message with the wire form it gets when first sent:
+    CPython keeps CJK text at 2 bytes a character, its JSON at 3."""
     text = len(m.content) + sum(len(c.arguments) + len(c.name) for c in m.tool_calls)
-    return _PER_MESSAGE + 2 * text
+    return _PER_MESSAGE + _PER_WIRE + 5 * text
 
 
 @dataclass

@@ -129,6 +129,7 @@ _ROW_FIELDS = (
     "tokens",
     "platform_id",
     "addressed",
+    "wire",  # not stored: the wire form's memo (agent/wire.py) starts empty
 )
 if set(_ROW_FIELDS) != {f.name for f in dataclasses.fields(Message)}:
     raise RuntimeError("store._ROW_FIELDS must name every field of Message")
@@ -153,6 +154,7 @@ def _message_from_row(row: tuple[Any, ...]) -> Message:
         tokens,
         platform_id,
         bool(addressed),
+        None,
     )
     msg = object.__new__(Message)
     for set_field, value in zip(_ROW_SETTERS, values):
