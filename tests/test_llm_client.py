@@ -1,5 +1,6 @@
 """The chat client against a real OpenAI-compatible server on 127.0.0.1."""
 
+import asyncio
 import json
 import socket
 from collections.abc import AsyncIterator, Iterator
@@ -248,6 +249,31 @@ async def test_one_http_client_is_reused_and_closed(client: LLMClient, model: Mo
     assert client._http is None
     assert first is not None
     assert first.is_closed
+
+
+async def test_first_requests_at_once_share_one_pool(
+    client: LLMClient, model: ModelConfig, llm: ScriptedLLM
+) -> None:
+    # The pool is made off the loop (httpx reads the CA bundle), so they all wait for it.
+    results = await asyncio.gather(*(chat(client, model) for _ in range(4)))
+    assert [r.content for r in results] == [results[0].content] * 4
+    assert len(llm.requests) == 4
+    first = client._http
+    await chat(client, model)
+    assert client._http is first
+
+
+async def test_a_client_closed_while_its_pool_is_made_opens_none(
+    llm: ScriptedLLM, model: ModelConfig
+) -> None:
+    client = LLMClient(timeout=5)
+    request = asyncio.create_task(chat(client, model, stream=False))
+    await asyncio.sleep(0)  # the request now waits for its pool, made in a thread
+    await client.aclose()
+    with pytest.raises(LLMConnectError, match="closed"):
+        await request
+    assert llm.requests == []
+    assert client._http is None
 
 
 # --- errors by status -----------------------------------------------------------------

@@ -221,11 +221,23 @@ class LLMClient:
         logger.warning(f"memsum: {model.id} does not accept `{param}`: {then}, for the life of the process")
         return _without_refused(body, self._refused[model.id])
 
-    def _client(self) -> httpx.AsyncClient:
+    async def _client(self, model: ModelConfig) -> httpx.AsyncClient:
         if self._http is None:
-            self._http = httpx.AsyncClient(
-                transport=self._transport, timeout=httpx.Timeout(self._timeout), limits=POOL_LIMITS
+            # Made off the loop: httpx builds its TLS context (reads the CA bundle, ~50 ms of
+            # CPU) with the client, and the first request after every start stalled the loop.
+            http = await asyncio.to_thread(
+                httpx.AsyncClient,
+                transport=self._transport,
+                timeout=httpx.Timeout(self._timeout),
+                limits=POOL_LIMITS,
             )
+            if self._closed:  # closed meanwhile: nothing may reopen it
+                await http.aclose()
+                raise LLMConnectError(f"{model.id}: the model client is closed", model_id=model.id)
+            if self._http is None:
+                self._http = http
+            else:  # another request made one meanwhile
+                await http.aclose()
         return self._http
 
     async def _attempt(self, model: ModelConfig, body: dict[str, Any], *, stream: bool) -> ChatResult:
@@ -252,7 +264,8 @@ class LLMClient:
     ) -> ChatResult:
         try:
             content = encode_body(body)
-            async with self._client().stream("POST", url, content=content, headers=headers) as resp:
+            http = await self._client(model)
+            async with http.stream("POST", url, content=content, headers=headers) as resp:
                 try:
                     if not resp.is_success:
                         await resp.aread()
