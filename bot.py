@@ -99,5 +99,16 @@ if project.is_file() and "[tool.nonebot" in project.read_text("utf-8"):
 if nonebot.get_plugin("nonebot_plugin_memsum") is None:
     nonebot.load_plugin("nonebot_plugin_memsum")
 
+from nonebot_plugin_memsum.gcpolicy import GcPolicy  # once loaded as a plugin, not before
+
+_gc_policy = GcPolicy()
+
+
+# Registered after every plugin's: runs once their start-up (the store, the tokenizer) is done.
+@nonebot.get_driver().on_startup
+async def _freeze_start_up() -> None:
+    logger.info(f"memsum: {_gc_policy.start()} objects left by start-up frozen (gcpolicy.py)")
+
+
 if __name__ == "__main__":
     nonebot.run()

@@ -60,6 +60,8 @@ async def test_bot_starts_with_no_memsum_config_and_accepts_the_implementation(
     log = bot.log()
     assert 'Succeeded to load plugin "nonebot_plugin_memsum"' in log
     assert "Bot 10000 connected" in log
+    # gcpolicy.py: what start-up left is frozen once the plugin's start-up is done
+    assert log.index("memsum: database") < log.index("objects left by start-up frozen")
     assert [line for line in log.splitlines() if "[ERROR]" in line or "[CRITICAL]" in line] == []
     # The store went where localstore was told, inside the work folder, not the real home.
     assert list((bot.workdir / "localstore" / "data").rglob("*.db"))
