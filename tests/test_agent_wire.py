@@ -1,7 +1,7 @@
 """Stored messages encoded once for the wire (agent/wire.py, issue 9 item 6): what is sent is
 what the history holds after every write, compression, clear and restart, and the form
-lives on the message object (its memory is the history cache's, tests/test_store_cache.py). Real SQLite file, real turns, a real server on 127.0.0.1 that
-parses every request it gets."""
+lives on the message object (its memory is the history cache's, tests/test_store_cache.py).
+Real SQLite file, real turns, a real server on 127.0.0.1 that parses every request it gets."""
 
 from __future__ import annotations
 
