@@ -576,6 +576,11 @@ def main() -> None:
         "--heap",
         help="minutes (e.g. 2,6,12) at which the bot (no kill) writes a heap census into its folder",
     )
+    parser.add_argument(
+        "--stalls",
+        action="store_true",
+        help="run the bot under bench/stall_bot.py: event-loop stalls over 50 ms, with stacks, per life",
+    )
     parser.add_argument("--workdir", type=Path, help="keep the bot's folder (log, database) here")
     parser.add_argument("--serve-model", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -601,6 +606,12 @@ def main() -> None:
         args.kill_at = -1
         (Path(tmp) / "bot").mkdir()
         (Path(tmp) / "bot" / "heap.minutes").write_text(args.heap)
+    if args.stalls:
+        import tests.fakes.botproc
+
+        (Path(tmp) / "bot").mkdir(exist_ok=True)
+        (Path(tmp) / "bot" / "stall.bot").write_text(str(tests.fakes.botproc.BOT_PY))
+        tests.fakes.botproc.BOT_PY = REPO / "bench" / "stall_bot.py"
     results = asyncio.run(
         run(
             Path(tmp),
@@ -628,6 +639,11 @@ def main() -> None:
     if args.heap:
         for census in sorted((Path(tmp) / "bot").glob("heap-*.txt"), key=lambda p: float(p.stem[5:])):
             print(f"\n---- {census.name}\n" + census.read_text())
+    if args.stalls:
+        for summary in sorted((Path(tmp) / "bot").glob("stalls-*.summary"), key=lambda p: p.stat().st_mtime):
+            stalls = summary.with_suffix(".txt")
+            print(f"\n---- process {summary.stem[7:]}: {summary.read_text()}")
+            print(stalls.read_text() if stalls.exists() else "no stall over 50 ms")
     if args.workdir:
         print(f"kept: {tmp}")
     else:
