@@ -570,6 +570,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=120, help="seconds before the memory slope counts")
     parser.add_argument("--settle", type=float, default=30, help="seconds without an answer that end the run")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--history-limit", type=int, default=40, help="the count line (lower: compressions come sooner)"
+    )
     parser.add_argument("--bot", type=Path, help="another checkout's bot.py (a 'before' figure)")
     parser.add_argument("--profile", action="store_true", help="cProfile the bot (no kill); print the top")
     parser.add_argument(
@@ -623,6 +626,7 @@ def main() -> None:
             warmup=args.warmup,
             settle=args.settle,
             seed=args.seed,
+            extra_env={"MEMSUM_HISTORY_LIMIT": str(args.history_limit)},
         )
     )
     print(

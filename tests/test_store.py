@@ -641,6 +641,41 @@ async def test_a_write_that_fails_at_commit_rolls_back_the_whole_transaction(loc
         await store.close()
 
 
+async def test_an_answer_and_its_reply_mark_commit_together_or_not_at_all(location: Path | str) -> None:
+    # Issue 15: a turn's answer and its mark go in one transaction of their own (on SQLite one
+    # trip to the database thread); a mark that fails leaves neither, and the history cache
+    # stays true either way.
+    from nonebot_plugin_memsum.errors import StoreError
+    from nonebot_plugin_memsum.store import Store
+
+    store = Store(location)
+    await store.open()
+    try:
+        asked = await store.append(SID, _msg("问题"))
+        assert asked.id is not None
+        assert [m.id for m in await store.get_history(SID)] == [asked.id]  # cached now
+
+        with pytest.raises(StoreError):
+            await store.append_marking(SID, _msg("回答", role="assistant"), asked.id, "bogus")  # type: ignore[arg-type]
+        assert [m.content for m in await store.get_history(SID)] == ["问题"]
+        assert await store.replies_being_sent() == []
+
+        answer = await store.append_marking(SID, _msg("回答", role="assistant"), asked.id, "sending")
+        assert answer.id is not None
+        assert answer.id > asked.id
+        assert await store.get_history(SID) == [asked, answer]
+        assert await store.replies_being_sent() == [(SID, asked.id)]
+    finally:
+        await store.close()
+    reopened = Store(location)
+    await reopened.open()
+    try:
+        assert [m.content for m in await reopened.get_history(SID)] == ["问题", "回答"]
+        assert await reopened.replies_being_sent() == [(SID, asked.id)]
+    finally:
+        await reopened.close()
+
+
 async def test_archive_span_by_id_ranges_leaves_other_sessions_and_kept_ones_alone(store: Store) -> None:
     # Issue 9: the span is archived one id range per stretch between kept originals; another
     # session's messages inside those ranges stay active (R-RUN-12: kept ones are not written).

@@ -229,9 +229,7 @@ class Agent:
         if upto is None:
             await self.store.append(session_id, msg)
             return
-        async with self.store.transaction() as tx:
-            await tx.append(session_id, msg)
-            await tx.mark_reply(session_id, upto, state)
+        await self.store.append_marking(session_id, msg, upto, state)
 
     async def history_limit(self, session_id: str, entry: Entry) -> int:
         resolved = await self.settings.effective(

@@ -9,7 +9,6 @@ from the implementation's payload and passes it here).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
 from typing import Any
 
 from nonebot.adapters.onebot.v11 import Bot, GroupMessageEvent, MessageEvent, NoticeEvent
@@ -60,16 +59,24 @@ async def record_message(
             await rt.onebot.arrivals.wait_turn(arrival)
         # FIFO: a name look-up must not let a later message overtake.
         async with rt.onebot.recording.hold(record.id):
-            msg = await message_of(bot, event, record.id, group_id)
-            msg = replace(msg, platform_id=str(event.message_id), addressed=addressed, ts=said_at or msg.ts)
+            msg = await message_of(bot, event, record.id, group_id, addressed=addressed, said_at=said_at)
             return record, await rt.agent.record_once(record, msg)
     finally:
         if arrival is not None:
             rt.onebot.arrivals.done(arrival)
 
 
-async def message_of(bot: Bot, event: MessageEvent, scope: str, group_id: int | None) -> Message:
-    """The event as the user message the model will read: `[昵称(ID)] 正文`."""
+async def message_of(
+    bot: Bot,
+    event: MessageEvent,
+    scope: str,
+    group_id: int | None,
+    *,
+    addressed: bool = False,
+    said_at: float | None = None,
+) -> Message:
+    """The event as the user message the model will read: `[昵称(ID)] 正文`, with its
+    platform id (`record_message` says what `addressed` and `said_at` are)."""
     name = event.sender.card or event.sender.nickname
     if isinstance(event, GroupMessageEvent) and event.anonymous is not None:
         name = f"匿名 {event.anonymous.name}"  # every anonymous member shares one user id
@@ -89,8 +96,10 @@ async def message_of(bot: Bot, event: MessageEvent, scope: str, group_id: int | 
         role="user",
         content=labelled(name, event.user_id, body, quote),
         name=str(event.user_id),
-        ts=clock.now(),
+        ts=said_at or clock.now(),
         metadata={"message_id": event.message_id, "user_id": event.user_id},
+        platform_id=str(event.message_id),
+        addressed=addressed,
     )
 
 

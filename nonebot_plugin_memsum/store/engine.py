@@ -152,6 +152,27 @@ class Db(ABC):
             return None
         return await self.insert_message(sql, params, session_id, msg, ts)
 
+    async def insert_message_with(
+        self,
+        sql: str,
+        params: Sequence[Any],
+        session_id: str,
+        msg: Message,
+        ts: float,
+        writes: Sequence[tuple[str, Sequence[Any]]],
+    ) -> int:
+        """In one transaction of its own: `insert_message`, then `writes`; the message's id."""
+        await self.begin()
+        try:
+            new_id = await self.insert_message(sql, params, session_id, msg, ts)
+            for write in writes:
+                await self.write(*write)
+            await self.commit()
+        except BaseException:
+            await self.rollback()
+            raise
+        return new_id
+
     @abstractmethod
     async def forget(self, session_id: str) -> None:
         """Everything the session stored so far leaves the search index for good."""
@@ -300,6 +321,33 @@ class SqliteDb(Db):
             if conn.execute(*found).fetchone() is not None:
                 return None
             return conn.execute(sql, params).lastrowid
+
+        return await self._call(run, "write")
+
+    async def insert_message_with(
+        self,
+        sql: str,
+        params: Sequence[Any],
+        session_id: str,
+        msg: Message,
+        ts: float,
+        writes: Sequence[tuple[str, Sequence[Any]]],
+    ) -> int:
+        # BEGIN to COMMIT in one trip to aiosqlite's thread (a turn's answer and its reply
+        # mark: two trips as a transaction, which needs the INSERT's id before its COMMIT).
+        def run(conn: sqlite3.Connection) -> int:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                new_id = conn.execute(sql, params).lastrowid
+                for write in writes:
+                    conn.execute(*write)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            assert new_id is not None  # an INSERT into a rowid table always sets it
+            return new_id
 
         return await self._call(run, "write")
 

@@ -111,6 +111,17 @@ def _message_params(session_id: str, msg: Message, ts: float) -> tuple[Any, ...]
     )
 
 
+def _reply_mark(session_id: str, upto: int, state: ReplyState) -> tuple[str, tuple[Any, ...]]:
+    """The statement of `Tx.mark_reply`: the mark only moves forward."""
+    return (
+        "INSERT INTO replies (session_id, upto, state, ts) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT (session_id) DO UPDATE SET upto = CASE WHEN excluded.upto > replies.upto"
+        " THEN excluded.upto ELSE replies.upto END,"
+        " state = excluded.state, ts = excluded.ts",
+        (session_id, upto, state, clock.now()),
+    )
+
+
 # A row becomes a Message without going through its frozen __init__, which sets each
 # of the 12 fields through object.__setattr__: setting the slots directly decodes a
 # 5,000-message history about 4 times faster (~24 -> ~6 ms), and a compression or a cold
@@ -322,13 +333,20 @@ class Tx:
     async def mark_reply(self, session_id: str, upto: int, state: ReplyState) -> None:
         """The session's questions up to message `upto` are answered: `sending` is written
         before the reply goes out (so a crash after it never answers them again), `sent` after."""
-        await self._write(
-            "INSERT INTO replies (session_id, upto, state, ts) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT (session_id) DO UPDATE SET upto = CASE WHEN excluded.upto > replies.upto"
-            " THEN excluded.upto ELSE replies.upto END,"
-            " state = excluded.state, ts = excluded.ts",
-            (session_id, upto, state, clock.now()),
+        await self._write(*_reply_mark(session_id, upto, state))
+
+    async def append_marking(self, session_id: str, msg: Message, upto: int, state: ReplyState) -> Message:
+        """`append`, then `mark_reply`, as one transaction of their own (`Db.insert_message_with`)."""
+        ts = msg.ts or clock.now()
+        new_id = await self._live().insert_message_with(
+            _INSERT_MESSAGE,
+            _message_params(session_id, msg, ts),
+            session_id,
+            msg,
+            ts,
+            [_reply_mark(session_id, upto, state)],
         )
+        return self._stored(session_id, msg, new_id, ts)
 
     async def get_history(self, session_id: str, limit: float = math.inf) -> list[Message]:
         """The last `limit` active messages of the session, in storage order."""
@@ -1000,6 +1018,13 @@ class Store:
     async def mark_reply(self, session_id: str, upto: int, state: ReplyState) -> None:
         async with self._statement() as tx:
             await tx.mark_reply(session_id, upto, state)
+
+    async def append_marking(self, session_id: str, msg: Message, upto: int, state: ReplyState) -> Message:
+        """A turn's answer and the mark that it answers the questions up to `upto`, committed
+        together: on SQLite one trip to the database thread, not two (a transaction's INSERT
+        and then its COMMIT)."""
+        async with self._statement() as tx:
+            return await tx.append_marking(session_id, msg, upto, state)
 
     def mark_sent(self, session_id: str, upto: int) -> None:
         """The reply to the questions up to `upto` went out: its `sent` mark is written with
