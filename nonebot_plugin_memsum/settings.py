@@ -163,25 +163,8 @@ class Settings:
         """Every setting of a session, from two reads (the record is cached by the store).
 
         `record`: the session's record when the caller has it (it may not be stored yet)."""
-        if record is None:
-            record = await self._store.get_session(session_id)
-        platform_key, type_key = tier_keys(record, entry_platform, entry_type)
-        place = place_key(record) if record else None
-        place_values = await self._layer("place", place) if place else {}
-        session_values = await self._layer("session", session_id)
-        tiers = self._config.memsum_tiers
-        return {
-            name: resolve(
-                name,
-                self._config,
-                tiers,
-                platform_key,
-                type_key,
-                place_values.get(name),
-                session_values.get(name),
-            )
-            for name in SETTING_NAMES
-        }
+        layers = await self._layers(session_id, entry_platform, entry_type, record)
+        return {name: self._resolve(name, *layers) for name in SETTING_NAMES}
 
     async def effective(
         self,
@@ -191,15 +174,45 @@ class Settings:
         entry_platform: str | None = None,
         entry_type: str | None = None,
     ) -> Resolved:
-        resolved = await self.effective_all(session_id, entry_platform=entry_platform, entry_type=entry_type)
-        return resolved[name]
+        return self._resolve(name, *await self._layers(session_id, entry_platform, entry_type, None))
 
     async def of_place(self, name: SettingName, record: SessionRecord) -> Resolved:
         """A setting of the place a chat session is in (its tiers from the record)."""
-        resolved = await self.effective_all(
-            record.id, entry_platform=record.platform, entry_type=record.kind, record=record
+        # Every message asks its place's mode: one name resolved, not all of them.
+        return self._resolve(name, *await self._layers(record.id, record.platform, record.kind, record))
+
+    async def _layers(
+        self,
+        session_id: str,
+        entry_platform: str | None,
+        entry_type: str | None,
+        record: SessionRecord | None,
+    ) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
+        """What `resolve` reads besides the name: the tier names and the two stored layers."""
+        if record is None:
+            record = await self._store.get_session(session_id)
+        platform_key, type_key = tier_keys(record, entry_platform, entry_type)
+        place = place_key(record) if record else None
+        place_values = await self._layer("place", place) if place else {}
+        return platform_key, type_key, place_values, await self._layer("session", session_id)
+
+    def _resolve(
+        self,
+        name: SettingName,
+        platform_key: str,
+        type_key: str,
+        place_values: Mapping[str, Any],
+        session_values: Mapping[str, Any],
+    ) -> Resolved:
+        return resolve(
+            name,
+            self._config,
+            self._config.memsum_tiers,
+            platform_key,
+            type_key,
+            place_values.get(name),
+            session_values.get(name),
         )
-        return resolved[name]
 
     async def set(
         self, name: SettingName, scope: Literal["session", "place"], key: str, value: Value

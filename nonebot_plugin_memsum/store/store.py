@@ -79,9 +79,13 @@ _LEDGER_INSERT = (
 )
 
 
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+"""`json.dumps` with these options builds an encoder per call: every recorded message's metadata."""
+
+
 def _dump_json(value: Any, what: str) -> str:
     try:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+        return _JSON.encode(value)
     except (TypeError, ValueError) as err:
         raise StoreError(f"{what} is not JSON-serialisable: {err}") from err
 
