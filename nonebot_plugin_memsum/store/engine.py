@@ -96,6 +96,10 @@ class Db(ABC):
     @abstractmethod
     async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None: ...
 
+    async def write_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """`executemany` whose answer nobody reads: inside a transaction it may wait, as `write`."""
+        await self.executemany(sql, rows)
+
     @abstractmethod
     async def begin(self) -> None:
         """Start a write transaction."""
@@ -188,10 +192,10 @@ class SqliteDb(Db):
 
     def __init__(self, db: aiosqlite.Connection) -> None:
         self._raw = db
-        self._queued: list[tuple[str, Sequence[Any]]] = []
-        """Statements nobody reads an answer of (a BEGIN, a write inside a transaction), sent
-        with the next statement that answers: each trip to aiosqlite's thread wakes it and
-        the event loop once, and a turn's answer and its reply mark then cost two (issue 9)."""
+        self._queued: list[tuple[str, Sequence[Any], bool]] = []
+        """Statements nobody reads an answer of (a BEGIN, a write inside a transaction; `True`:
+        one statement over many rows), sent with the next statement that answers: each trip
+        to aiosqlite's thread wakes it and the event loop once (issue 9)."""
         self._in_tx = False
 
     @classmethod
@@ -233,8 +237,11 @@ class SqliteDb(Db):
 
         def run() -> T:
             conn = self._raw._conn  # inside aiosqlite's thread, as its own helpers do
-            for sql, params in queued:
-                conn.execute(sql, params)
+            for sql, params, many in queued:
+                if many:
+                    conn.executemany(sql, params)
+                else:
+                    conn.execute(sql, params)
             return last(conn)
 
         try:
@@ -253,15 +260,21 @@ class SqliteDb(Db):
 
     async def write(self, sql: str, params: Sequence[Any] = ()) -> None:
         if self._in_tx:  # its error, if any, comes with the next statement or the COMMIT
-            self._queued.append((sql, params))
+            self._queued.append((sql, params, False))
         else:
             await self._call(lambda conn: conn.execute(sql, params), "write")
 
     async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         await self._call(lambda conn: conn.executemany(sql, rows), "write")
 
+    async def write_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        if self._in_tx:  # as `write`: with the next statement or the COMMIT
+            self._queued.append((sql, list(rows), True))
+        else:
+            await self.executemany(sql, rows)
+
     async def begin(self) -> None:
-        self._queued.append(("BEGIN IMMEDIATE", ()))  # a BUSY error comes with the first statement
+        self._queued.append(("BEGIN IMMEDIATE", (), False))  # a BUSY error comes with the first statement
         self._in_tx = True
 
     async def commit(self) -> None:

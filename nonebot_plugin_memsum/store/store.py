@@ -402,7 +402,7 @@ class Tx:
             if start < stop:
                 runs.append((session_id, rows[start][0], rows[stop - 1][0]))
             start = stop + 1
-        await self._live().executemany(
+        await self._live().write_many(
             "UPDATE messages SET archived = 1 WHERE session_id = ? AND archived = 0 AND id BETWEEN ? AND ?",
             runs,
         )
@@ -560,7 +560,7 @@ class Tx:
         return Activity(answers=int(rows[0][0]), compressions=int(rows[0][1]))
 
     async def record_compression(self, run: CompressionRecord) -> None:
-        await self._fetch(
+        await self._write(
             f"INSERT INTO compressions ({_COMPRESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 run.session_id,
