@@ -62,6 +62,10 @@ QUESTION = re.compile(r"\bQ\d+\b")
 APOLOGY = "抱歉"
 SERVED = "model.served"
 """The model server's record, beside its URL file: one line per request, `start end token`."""
+BACKFILL = re.compile(
+    r"memsum: backfill of \d+: (\d+) messages said while away stored in (\d+) sessions \((\d+) ms\)"
+)
+"""The bot's INFO line at the end of an account's backfill on connect."""
 SAID_WORDS = ("随便聊聊", "假装别人", "长长长长", "收到 ")
 """Words of what the members say and of the model's answers: none may reach the log."""
 
@@ -195,6 +199,8 @@ class Results:
     text_lines: int = 0
     turns: int = 0
     compressions: int = 0
+    backfills: list[tuple[int, int, float]] = field(default_factory=list)
+    """Each backfill on connect: messages stored, sessions fetched, seconds."""
     stopped: str = ""
     rss_max_mb: float = 0.0
 
@@ -217,6 +223,11 @@ class Results:
                 f"log: {self.log_bytes_per_1000 / 1024:.1f} KB per 1,000 messages;"
                 f" lines with message text: {self.text_lines}",
                 f"INFO turn lines: {self.turns}, compressions: {self.compressions}",
+                "backfill on connect: "
+                + (
+                    ", ".join(f"{m} messages in {n} sessions, {t:.1f} s" for m, n, t in self.backfills)
+                    or "none logged"
+                ),
                 f"SIGTERM at the end: {self.stopped}",
             ]
         )
@@ -555,6 +566,7 @@ def _analyse(
     r.text_lines = sum(1 for line in log.splitlines() if any(w in line for w in SAID_WORDS))
     r.turns = log.count("memsum: turn ")
     r.compressions = log.count("memsum: compression ")
+    r.backfills = [(int(m), int(n), int(ms) / 1000) for m, n, ms in BACKFILL.findall(log)]
     return r
 
 

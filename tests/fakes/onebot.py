@@ -205,6 +205,11 @@ class OneBotSim:
         self.nickname = nickname
         self.calls: list[ApiCall] = []
         self.messages: dict[int, StoredMessage] = {}
+        self._places: dict[tuple[str, int], list[int]] = {}
+        """A group's or a private peer's message ids in the order they came: a history action
+        answers from its own place's list, in a few µs as a real implementation does (a
+        scan of every message took ~4 ms at 12,000 messages, and at a thousand groups the
+        bench's own client was then what the bot's backfill waited for)."""
         self.members: dict[tuple[int, int], Member] = {}
         self.group_names: dict[int, str] = {}
         self.responders: dict[str, Responder] = {
@@ -342,15 +347,28 @@ class OneBotSim:
     def _remember(self, payload: Mapping[str, Any]) -> None:
         mid = int(payload["message_id"])
         if mid not in self.messages:
-            self.messages[mid] = StoredMessage(
-                mid,
-                str(payload.get("message_type", "group")),
-                dict(payload.get("sender") or {}),
-                as_segments(payload.get("message")),
-                int(payload["time"]),
-                group_id=_opt_int(payload.get("group_id")),
-                user_id=_opt_int(payload.get("user_id")),
+            self._keep(
+                StoredMessage(
+                    mid,
+                    str(payload.get("message_type", "group")),
+                    dict(payload.get("sender") or {}),
+                    as_segments(payload.get("message")),
+                    int(payload["time"]),
+                    group_id=_opt_int(payload.get("group_id")),
+                    user_id=_opt_int(payload.get("user_id")),
+                )
             )
+
+    def _keep(self, stored: StoredMessage) -> None:
+        """`stored` by its id, and in its place's list when the id is new."""
+        if stored.message_id not in self.messages:
+            if stored.message_type == "group":
+                places = [stored.group_id]
+            else:  # a private chat is the peer's, whoever spoke
+                places = [stored.user_id, _opt_int(stored.sender.get("user_id"))]
+            for place in {p for p in places if p is not None}:
+                self._places.setdefault((stored.message_type, place), []).append(stored.message_id)
+        self.messages[stored.message_id] = stored
 
     async def group_message(
         self,
@@ -453,7 +471,7 @@ class OneBotSim:
             group_id=group_id,
             user_id=user_id,
         )
-        self.messages[mid] = stored
+        self._keep(stored)
         return stored
 
     # --- people and places -------------------------------------------------------------
@@ -573,18 +591,18 @@ class OneBotSim:
     def _history(
         self,
         kind: str,
-        match: Callable[[StoredMessage], bool],
+        place: int,
         count: int,
         anchor: Any = None,
         *,
         newest_first: bool = False,
         post_type: bool = True,
     ) -> dict[str, Any]:
-        found = [m for m in self.messages.values() if m.message_type == kind and match(m)]
+        ids = self._places.get((kind, place), [])
         if anchor:
-            found = [m for m in found if m.message_id <= int(anchor)]
+            ids = [mid for mid in ids if mid <= int(anchor)]
         items = []
-        for m in found[-count:]:
+        for m in (self.messages[mid] for mid in ids[-count:]):
             extra = {"group_id": m.group_id, "anonymous": None} if kind == "group" else {}
             item = self._event_of(m, sub_type="normal" if kind == "group" else "friend", extra=extra)
             if not post_type:
@@ -592,23 +610,17 @@ class OneBotSim:
             items.append({**item, "message_seq": m.message_id, "real_id": m.message_id})
         return {"messages": items[::-1] if newest_first else items}
 
-    def _group_history_match(self, params: dict[str, Any]) -> Callable[[StoredMessage], bool]:
-        gid = int(params["group_id"])
-        return lambda m: m.group_id == gid
-
-    def _friend_history_match(self, params: dict[str, Any]) -> Callable[[StoredMessage], bool]:
-        uid = int(params["user_id"])
-        return lambda m: uid in (m.user_id, m.sender.get("user_id"))
-
     def _get_group_msg_history(self, params: dict[str, Any]) -> dict[str, Any]:
         count, anchor = int(params.get("count") or 20), params.get("message_seq")
-        match = self._group_history_match(params)
-        return self._history("group", match, count, anchor, newest_first=self.reverse_history)
+        return self._history(
+            "group", int(params["group_id"]), count, anchor, newest_first=self.reverse_history
+        )
 
     def _get_friend_msg_history(self, params: dict[str, Any]) -> dict[str, Any]:
         count, anchor = int(params.get("count") or 20), params.get("message_seq")
-        match = self._friend_history_match(params)
-        return self._history("private", match, count, anchor, newest_first=self.reverse_history)
+        return self._history(
+            "private", int(params["user_id"]), count, anchor, newest_first=self.reverse_history
+        )
 
     def history_like(self, implementation: str) -> None:
         """Answer the history actions with the parameters and limits of `implementation`:
@@ -687,12 +699,12 @@ def _default_nickname(user_id: int) -> str:
 # `count` (default 20), `reverseOrder` (default false: oldest first); no message at all
 # fails with 「未找到消息」.
 def _llonebot_history(sim: OneBotSim, params: dict[str, Any], *, kind: str) -> dict[str, Any]:
-    match = sim._group_history_match(params) if kind == "group" else sim._friend_history_match(params)
+    place = int(params["group_id"] if kind == "group" else params["user_id"])
     anchor = (
         params.get("message_seq") if kind == "group" else params.get("message_seq", params.get("message_id"))
     )
     found = sim._history(
-        kind, match, int(params.get("count") or 20), anchor, newest_first=bool(params.get("reverseOrder"))
+        kind, place, int(params.get("count") or 20), anchor, newest_first=bool(params.get("reverseOrder"))
     )
     if not found["messages"]:
         raise ActionFailedError(RETCODE_INTERNAL, "未找到消息")
@@ -707,18 +719,16 @@ def _llonebot_history(sim: OneBotSim, params: dict[str, Any], *, kind: str) -> d
 def _lagrange_history(sim: OneBotSim, params: dict[str, Any], *, kind: str) -> dict[str, Any]:
     if kind == "group":
         return sim._history(
-            kind, sim._group_history_match(params), int(params.get("count") or 20), params.get("message_id")
+            kind, int(params["group_id"]), int(params.get("count") or 20), params.get("message_id")
         )
-    return sim._history(kind, sim._friend_history_match(params), 20, params.get("message_id"))
+    return sim._history(kind, int(params["user_id"]), 20, params.get("message_id"))
 
 
 # go-cqhttp (Mrs4s/go-cqhttp coolq/api.go CQGetGroupMessageHistory): `group_id` and
 # `message_seq` (0 = the group's last), always the 20 messages up to it, no `count`; its
 # events carry no `post_type`. It has no get_friend_msg_history.
 def _gocq_history(sim: OneBotSim, params: dict[str, Any], *, kind: str) -> dict[str, Any]:
-    return sim._history(
-        kind, sim._group_history_match(params), 20, params.get("message_seq"), post_type=False
-    )
+    return sim._history(kind, int(params["group_id"]), 20, params.get("message_seq"), post_type=False)
 
 
 _HISTORY_DIALECTS: dict[str, tuple[Any, Any]] = {
