@@ -265,6 +265,51 @@ async def test_a_question_the_kill_left_unanswered_is_answered_before_the_whole_
     llm.reset()
 
 
+async def test_a_live_message_has_its_session_fetched_at_once_not_behind_the_others(
+    tmp_path: Path, llm_answers: ScriptedLLM
+) -> None:
+    # Issue 15: a live message waits for its session's backfill (what was said before it is
+    # stored before it). Queued behind a thousand groups' fetches it waited a minute; its
+    # session is fetched at once instead, while every background fetch is still held here.
+    probe, held, live_group = 7401, list(range(7410, 7420)), 7430  # held: more than FETCHES_AT_ONCE
+    release = asyncio.Event()
+    async with BotProcess(tmp_path / "bot", env=env(llm_answers), log_level="INFO") as bot:
+        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+        await connect(bot, sim)
+        for group in [probe, *held, live_group]:  # oldest first: the live group's turn is last
+            await sim.group_message(group, 20001, "早上好", nickname="甲")
+            await until(lambda group=group: _count(bot, group_sid(group), 1), "the group's message")
+        await sim.close()
+        await sim.group_message(live_group, 20002, "机器人断线了", nickname="乙")  # said while away
+        history = sim.responders["get_group_msg_history"]
+
+        async def holding(params: dict[str, Any]) -> Any:
+            if int(params["group_id"]) in held:
+                await release.wait()
+            return history(params)
+
+        sim.responders["get_group_msg_history"] = holding
+        await connect(bot, sim)
+        await sim.wait_call("get_group_msg_history", predicate=lambda c: c.params["group_id"] in held)
+        await sim.group_message(live_group, 20001, "重连后的第一句", nickname="甲")
+        await until(lambda: _count(bot, group_sid(live_group), 3), "the live message, its backfill first")
+        assert [c for c in await contents(bot, group_sid(live_group)) if c.startswith("[")] == [
+            "[甲(20001)] 早上好",
+            "[乙(20002)] 机器人断线了",
+            "[甲(20001)] 重连后的第一句",
+        ]
+        assert "memsum: backfill of 10000:" not in bot.log()  # the others' fetches still held
+        release.set()
+        log = await wait_log(bot, "memsum: backfill of 10000:")
+        # 1, or 2 when the fetch already saw the live message (then stored once, from there)
+        assert re.search(
+            r"memsum: backfill of 10000: [12] messages said while away stored in 12 sessions", log
+        )
+        fetched = [c.params["group_id"] for c in sim.calls if c.action == "get_group_msg_history"]
+        assert sorted(fetched) == sorted([probe, *held, live_group])  # each session once
+        await sim.close()
+
+
 async def test_sigterm_lets_the_turn_in_flight_send_its_answer_before_the_bot_exits(
     tmp_path: Path, llm_answers: ScriptedLLM
 ) -> None:

@@ -116,6 +116,28 @@ async def test_a_message_is_stored_once_by_its_platform_id(location: Path | str)
         await store.close()
 
 
+async def test_the_platform_ids_a_session_holds_are_found_as_append_once_counts_them(
+    location: Path | str,
+) -> None:
+    # A backfill skips what its session holds already in one trip (issue 15): the same
+    # ids `append_once` would refuse, no others.
+    store = Store(location)
+    await store.open()
+    try:
+        now = clock.now()
+        await store.append_once("s1", said("一", pid=7, ts=now))
+        await store.append_once("s1", said("二", pid=8, ts=now))
+        await store.append_once("s2", said("别的会话", pid=9, ts=now))
+        found = await store.stored_platform_ids(
+            "s1", {"7": now + 1, "8": now + DEDUP_SECONDS + 1, "9": now, "10": now}
+        )
+        assert found == {"7"}  # 8: a namesake long after is new; 9: another session's
+        assert await store.append_once("s1", said("二（很久以后）", pid=8, ts=now + DEDUP_SECONDS + 1))
+        assert await store.stored_platform_ids("s1", {}) == set()
+    finally:
+        await store.close()
+
+
 async def test_pending_questions_are_those_after_the_last_reply_mark_within_the_window(
     location: Path | str,
 ) -> None:

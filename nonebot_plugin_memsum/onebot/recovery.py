@@ -5,11 +5,12 @@ MEMSUM_BACKFILL_HOURS fetches what was said while the bot was away
 (`get_group_msg_history` / `get_friend_msg_history`) and records it through the same
 path as a live message (same labels; stored once by platform message id), a few
 sessions at a time; a live message of such a session waits until its backfill is
-done, so what was said before it is stored before it. Every question to the bot younger
+done, so what was said before it is stored before it, and has that session fetched at
+once (beside the few, up to as many again) rather than queued behind a thousand groups'
+fetches. Every question to the bot younger
 than MEMSUM_RESUME_WINDOW with no answer yet gets one turn per session (the newest asker
 quoted), as a burst does: as soon as its session's backfill is stored (sessions with a
-question left unanswered are fetched first, then those a live message waits for), not
-after the whole account's, which takes half a minute and more at a thousand groups.
+question left unanswered are fetched first), not after the whole account's.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from .render import is_empty
 from .sessions import PLATFORM, group_record, private_record
 
 FETCHES_AT_ONCE = 8
-"""History fetches in flight per account: 1,000 groups take seconds, live messages pass."""
+"""History fetches in flight per account in the background (1,000 groups take seconds), and
+at most as many again started at once for sessions a live message waits for."""
 SLACK = 5.0
 """Seconds before a session's last stored message a fetched one may be from and still be
 new: platform times are whole seconds, stored times are when the bot received them."""
@@ -50,7 +52,16 @@ class Account:
     todo: dict[str, float] = field(default_factory=dict)
     """Sessions whose fetch has not started: their last stored message's time, oldest first."""
     wanted: dict[str, None] = field(default_factory=dict)
-    """Sessions of `todo` a live message waits for, in the order they were asked for."""
+    """Sessions of `todo` to fetch before the others, in the order they were asked for: those
+    with a question left unanswered, then those a live message waits for while it cannot
+    start their fetch itself (before the first fetches, or with FETCHES_AT_ONCE of its own)."""
+    probed: bool = False
+    """The first fetch of each kind is done: an implementation without the action answered
+    one call, and a live message may start its session's fetch."""
+    live: set[asyncio.Task[None]] = field(default_factory=set)
+    """Fetches live messages started."""
+    stored: int = 0
+    """Messages the backfill stored so far, by every fetch."""
     asked: set[str] = field(default_factory=set)
     """Sessions with a question to answer once their backfill is stored: one left
     unanswered before the connection, or one the backfill stored."""
@@ -112,9 +123,7 @@ def newest_after(payloads: Sequence[dict[str, Any]], after: float, limit: int) -
 
 
 def next_session(todo: dict[str, float], wanted: dict[str, None]) -> tuple[str, float] | None:
-    """Takes the next session to fetch out of `todo`: one a live message waits for first
-    (else a message said just after the reconnect would wait for the whole account's
-    backfill: 1,000 groups take over a minute), then the oldest."""
+    """Takes the next session to fetch out of `todo`: a wanted one first, then the oldest."""
     while wanted:
         sid = next(iter(wanted))
         del wanted[sid]
@@ -166,9 +175,10 @@ def account_of(bot: Bot) -> Account:
 def forget(bot: Bot) -> None:
     """The connection is gone: the next one backfills again."""
     account = runtime.get().onebot.accounts.pop(bot.self_id, None)
-    if account is not None and account.task is not None:
-        account.task.cancel()
     if account is not None:
+        for task in [account.task, *account.live]:
+            if task is not None:
+                task.cancel()
         account.planned.set()
         for gate in account.gates.values():
             gate.set()
@@ -179,10 +189,19 @@ async def wait_backfilled(bot: Bot, session_id: str) -> None:
     account = account_of(bot)
     await account.planned.wait()
     gate = account.gates.get(session_id)
-    if gate is not None and not gate.is_set():
-        if session_id in account.todo:
+    if gate is None or gate.is_set():
+        return
+    if session_id in account.todo:
+        if account.probed and len(account.live) < FETCHES_AT_ONCE:
+            task = asyncio.create_task(
+                _fetch(bot, account, session_id, account.todo.pop(session_id)),
+                name=f"memsum-backfill-{session_id}",
+            )
+            account.live.add(task)
+            task.add_done_callback(account.live.discard)
+        else:
             account.wanted[session_id] = None  # fetched next
-        await gate.wait()
+    await gate.wait()
 
 
 async def _recover(bot: Bot, account: Account) -> None:
@@ -207,24 +226,11 @@ async def _recover(bot: Bot, account: Account) -> None:
     finally:
         account.planned.set()
     if sessions:
-        started, stored = clock.now(), 0
+        started = clock.now()
 
-        async def one(sid: str, last: float) -> int:
-            try:
-                return await _backfill(bot, account, sid, last)
-            except Exception as err:
-                logger.warning(f"memsum: backfill of {sid} failed: {type(err).__name__}: {err}")
-                return 0
-            finally:
-                account.gates[sid].set()
-                if sid in account.asked and config.memsum_resume_window:
-                    await _resume_questions(bot, account, sid)
-
-        async def fetcher() -> int:
-            stored = 0
+        async def fetcher() -> None:
             while (item := next_session(account.todo, account.wanted)) is not None:
-                stored += await one(*item)
-            return stored
+                await _fetch(bot, account, *item)
 
         # One session of each kind first: an implementation without the action answers
         # one call with a failure, not a thousand.
@@ -232,10 +238,13 @@ async def _recover(bot: Bot, account: Account) -> None:
         for sid, last in sessions:
             probes.setdefault(_target(sid)[0], (sid, last))
         account.todo = {sid: last for sid, last in sessions if (sid, last) not in probes.values()}
-        stored = sum(await asyncio.gather(*(one(sid, last) for sid, last in probes.values())))
-        stored += sum(await asyncio.gather(*(fetcher() for _ in range(FETCHES_AT_ONCE))))
+        await asyncio.gather(*(_fetch(bot, account, sid, last) for sid, last in probes.values()))
+        account.probed = True
+        await asyncio.gather(*(fetcher() for _ in range(FETCHES_AT_ONCE)))
+        while account.live:
+            await asyncio.wait(set(account.live))
         logger.info(
-            f"memsum: backfill of {bot.self_id}: {stored} messages said while away stored"
+            f"memsum: backfill of {bot.self_id}: {account.stored} messages said while away stored"
             f" in {len(sessions)} sessions ({(clock.now() - started) * 1000:.0f} ms)"
         )
     if config.memsum_resume_window:
@@ -245,6 +254,20 @@ async def _recover(bot: Bot, account: Account) -> None:
                 f"memsum: {len(account.resumed)} sessions of {bot.self_id} had questions left unanswered;"
                 " answering"
             )
+
+
+async def _fetch(bot: Bot, account: Account, sid: str, last: float) -> None:
+    """One session's backfill: its gate opens once it is stored, then its questions get
+    their turn."""
+    try:
+        stored = await _backfill(bot, account, sid, last)
+        account.stored += stored  # not `+= await`: that reads the count before the fetch
+    except Exception as err:
+        logger.warning(f"memsum: backfill of {sid} failed: {type(err).__name__}: {err}")
+    finally:
+        account.gates[sid].set()
+    if sid in account.asked and runtime.get().config.memsum_resume_window:
+        await _resume_questions(bot, account, sid)
 
 
 async def _backfill(bot: Bot, account: Account, sid: str, last: float) -> int:
@@ -264,8 +287,15 @@ async def _backfill(bot: Bot, account: Account, sid: str, last: float) -> int:
         return 0
     raw = data.get("messages") if isinstance(data, Mapping) else None
     payloads = [p for r in raw or [] if (p := as_event_payload(r, kind, bot.self_id, target)) is not None]
+    recent = newest_after(payloads, last, count)
+    # Those the session holds already (said just before its last stored one) skipped in one
+    # trip: at a thousand groups they are most of what is fetched.
+    said = {str(p["message_id"]): _time(p) or clock.now() for p in recent}  # as record_message dates it
+    known = await runtime.get().store.stored_platform_ids(sid, said)
     stored = 0
-    for payload in newest_after(payloads, last, count):
+    for payload in recent:
+        if str(payload["message_id"]) in known:
+            continue
         event = Adapter.json_to_event(payload)
         if not isinstance(event, GroupMessageEvent | PrivateMessageEvent):
             continue

@@ -22,7 +22,7 @@ import dataclasses
 import datetime
 import json
 import math
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Collection, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -309,6 +309,19 @@ class Tx:
             found, _INSERT_MESSAGE, _message_params(session_id, msg, ts), session_id, msg, ts
         )
         return None if new_id is None else self._stored(session_id, msg, new_id, ts)
+
+    async def stored_platform_ids(self, session_id: str, said: Mapping[str, float]) -> set[str]:
+        """Those of the platform ids in `said` (id → when it was said) the session stored
+        already, as `append_once` counts them: a backfill skips them in one trip, not one each."""
+        if not said:
+            return set()
+        marks = ", ".join("?" * len(said))
+        rows = await self._fetch(
+            f"SELECT platform_id, MAX(ts) FROM messages WHERE session_id = ? AND platform_id IN ({marks})"
+            " AND ts >= ? GROUP BY platform_id",
+            (session_id, *said, min(said.values()) - DEDUP_SECONDS),
+        )
+        return {str(pid) for pid, ts in rows if ts >= said[str(pid)] - DEDUP_SECONDS}
 
     async def recent_sessions(self, prefix: str, since: float) -> list[tuple[str, float]]:
         """Sessions whose id starts with `prefix` and whose newest stored message (active
@@ -1010,6 +1023,10 @@ class Store:
     async def append_once(self, session_id: str, msg: Message) -> Message | None:
         async with self._statement() as tx:
             return await tx.append_once(session_id, msg)
+
+    async def stored_platform_ids(self, session_id: str, said: Mapping[str, float]) -> set[str]:
+        async with self._statement() as tx:
+            return await tx.stored_platform_ids(session_id, said)
 
     async def recent_sessions(self, prefix: str, since: float) -> list[tuple[str, float]]:
         async with self._statement() as tx:
