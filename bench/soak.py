@@ -201,6 +201,8 @@ class Results:
     compressions: int = 0
     backfills: list[tuple[int, int, float]] = field(default_factory=list)
     """Each backfill on connect: messages stored, sessions fetched, seconds."""
+    backfill_spans: list[tuple[str, float, float]] = field(default_factory=list)
+    """(life, from, to): from when a restarted bot listened to the end of its backfill."""
     stopped: str = ""
     rss_max_mb: float = 0.0
 
@@ -245,6 +247,13 @@ class Results:
             lines.append(
                 f"  {life}: {len(raw)} answers, raw p50 / p99 {_p50_p99(raw)} ms,"
                 f" net {_p50_p99(net)} ms, net max {max(net):.0f} ms"
+            )
+        for life, since, until in self.backfill_spans:
+            net = [w.net_ms for w in self.waits if w.life == life and since <= w.asked <= until]
+            lines.append(
+                f"  {life}, asked in the first {until - since:.1f} s after it listened (its backfill's"
+                f" duration): {len(net)} answers"
+                + (f", net p50 / p99 {_p50_p99(net)} ms, net max {max(net):.0f} ms" if net else "")
             )
         start = min(w.asked for w in self.waits)
         worst = sorted(self.waits, key=lambda w: w.net_ms)[-5:][::-1]
@@ -567,6 +576,9 @@ def _analyse(
     r.turns = log.count("memsum: turn ")
     r.compressions = log.count("memsum: compression ")
     r.backfills = [(int(m), int(n), int(ms) / 1000) for m, n, ms in BACKFILL.findall(log)]
+    restarted = lives[1:]  # the first life's store is empty: no backfill line of its own
+    for i, (p, (_, _, seconds)) in enumerate(zip(restarted, r.backfills[-len(restarted) :], strict=False)):
+        r.backfill_spans.append((f"life {i + 2}", p.started, p.started + seconds))
     return r
 
 
