@@ -219,7 +219,7 @@ async def test_a_question_the_kill_left_unanswered_is_answered_before_the_whole_
     # Issue 15: at a thousand groups the backfill on connect takes half a minute. A question
     # asked just before the crash is answered once its own session's history is in: that
     # session is fetched first and resumed at once, not after every session's fetch.
-    asked_group, others = 7301, list(range(7310, 7320))  # more than FETCHES_AT_ONCE (8)
+    asked_group, others = 7301, list(range(7310, 7320))  # more than FETCHES_AT_ONCE (4)
     first_life, reached = threading.Event(), threading.Event()
     first_life.set()
 

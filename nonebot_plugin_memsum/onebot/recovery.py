@@ -30,9 +30,12 @@ from nonebot_plugin_memsum import clock, runtime
 from .render import is_empty
 from .sessions import PLATFORM, group_record, private_record
 
-FETCHES_AT_ONCE = 8
-"""History fetches in flight per account in the background (1,000 groups take seconds), and
-at most as many again started at once for sessions a live message waits for."""
+FETCHES_AT_ONCE = 4
+"""History fetches in flight per account in the background, and at most as many again started
+at once for sessions a live message waits for. At 1,000 groups and 100 live messages/s the
+backfill took 1.6-1.7 s with 4 or 8 (bench/README.md, issue 15 session 6): what bounds it is
+the shared event loop and store, not the number in flight; 4 queue fewer statements ahead of
+a live message's own."""
 SLACK = 5.0
 """Seconds before a session's last stored message a fetched one may be from and still be
 new: platform times are whole seconds, stored times are when the bot received them."""
