@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from nonebot_plugin_memsum.compression.budget import (
     Budget,
+    budget_over_units,
     compression_line,
     compute_budget,
     exact,
@@ -213,3 +214,65 @@ def test_r_bud_budget_invariants(
     assert b.keep_cap <= exact(ratio) * units
     assert b.max_tokens <= b.physical_cap  # R-BUD-7
     assert b.max_tokens == min(math.ceil(b.budget * Fraction(3, 2)), math.floor(b.physical_cap))
+
+
+@given(
+    compress_at=st.one_of(st.none(), st.floats(min_value=0, max_value=1)),
+    window=finite_or_odd,
+    trim=finite_or_odd,
+    ratio=st.floats(min_value=0, max_value=0.5),
+    summary_window=st.integers(min_value=1, max_value=2_000_000),
+    max_output=st.one_of(st.none(), st.integers(min_value=1, max_value=200_000)),
+    existing=st.integers(min_value=0, max_value=500_000),
+    least=st.integers(min_value=0, max_value=2_000_000),
+    more=st.integers(min_value=0, max_value=2_000_000),
+)
+def test_r_bud_2_budget_over_units_is_compute_budget_over_the_units_estimate(
+    compress_at: float | None,
+    window: float | None,
+    trim: float | None,
+    ratio: float,
+    summary_window: int,
+    max_output: int | None,
+    existing: int,
+    least: int,
+    more: int,
+) -> None:
+    # Issue 15: the units' text estimate is worked out only when the least it can be does not
+    # settle the budget; either way the budget is the one over the estimate itself.
+    line = compression_line(compress_at, window, trim)
+    sizes = {
+        "line": line,
+        "ratio": ratio,
+        "summary_window": summary_window,
+        "summary_max_output": max_output,
+        "existing_summary_tokens": existing,
+    }
+    asked: list[int] = []
+
+    def estimate() -> int:
+        asked.append(least + more)
+        return least + more
+
+    got = budget_over_units(least_units_tokens=least, units_tokens=estimate, **sizes)
+    assert got == compute_budget(units_tokens=least + more, **sizes)
+    if more == 0:
+        assert got == compute_budget(units_tokens=least, **sizes)
+
+
+def test_r_bud_2_a_long_span_whose_budget_is_settled_is_not_estimated_again() -> None:
+    def estimate() -> int:
+        raise AssertionError("the stored estimates settle this budget")
+
+    # line × ratio (2,560) far below what the stored estimates alone give: the budget is 2,560.
+    b = budget_over_units(
+        least_units_tokens=200_000,
+        units_tokens=estimate,
+        line=Fraction(25_600),
+        ratio=0.1,
+        summary_window=32_000,
+        summary_max_output=None,
+        existing_summary_tokens=0,
+    )
+    assert b.budget == Fraction(2_560)
+    assert b.keep_cap == 2_560

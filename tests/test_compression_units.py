@@ -15,6 +15,7 @@ from nonebot_plugin_memsum.compression.units import (
     has_conversation,
     number_units,
     render_unit,
+    stored_text_tokens,
     text_tokens,
 )
 from nonebot_plugin_memsum.types import Message
@@ -257,6 +258,25 @@ def test_r_bud_2_text_tokens_reads_a_one_line_user_message_from_its_stored_estim
     assert text_tokens(units, est) == 100 + len("[乙(2)] 没有存估计") + len("[丙(3)] 两\n  行")
     # Rendered differently from its content (indented lines): tokenised, not read back.
     assert asked == ["[乙(2)] 没有存估计", "[丙(3)] 两\n  行"]
+
+
+def test_r_bud_2_stored_text_tokens_is_the_part_of_text_tokens_the_stored_estimates_give() -> None:
+    # Issue 15: what the budget knows of the units without tokenising anything (budget.py
+    # budget_over_units): never more than text_tokens, all of it for one-line user messages.
+    asked: list[str] = []
+
+    def text(t: str) -> int:
+        asked.append(t)
+        return len(t)
+
+    est = Estimators(text=text, msg=EST.msg, content=lambda m: 100 if m.tokens is not None else None)
+    one_line = [replace(user("[甲(1)] 在吗"), tokens=7), replace(user("[乙(2)] 好"), tokens=5)]
+    units = build_units([*one_line, user("[乙(2)] 没有存估计"), replace(user("[丙(3)] 两\n行"), tokens=9)])
+    assert stored_text_tokens(units, est) == 200
+    assert asked == []
+    assert stored_text_tokens(units, est) < text_tokens(units, est)
+    only_one_line = build_units(one_line)
+    assert stored_text_tokens(only_one_line, est) == text_tokens(only_one_line, est) == 200
 
 
 def test_r_run_3_one_line_text_is_shown_as_it_is_and_line_breaks_are_what_splitlines_splits() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -118,3 +119,39 @@ def compute_budget(
     keep_cap = min(math.floor(budget), math.floor(r * units_tokens))  # R-BUD-4
     max_tokens = min(math.ceil(budget * Fraction(3, 2)), math.floor(cap))  # R-BUD-7
     return Budget(line=line, budget=budget, keep_cap=keep_cap, physical_cap=cap, max_tokens=max_tokens)
+
+
+_UNBOUNDED = 2**62
+"""More tokens than any conversation has: `compute_budget` over it is its limit."""
+
+
+def budget_over_units(
+    *,
+    least_units_tokens: int,
+    units_tokens: Callable[[], int],
+    line: Fraction | None,
+    ratio: Number,
+    summary_window: int,
+    summary_max_output: int | None,
+    existing_summary_tokens: int,
+) -> Budget:
+    """`compute_budget` with the units' text estimate (`units_tokens()`, R-BUD-2) worked out
+    only when it can change the budget. Every size of the budget grows with it (each step is
+    a min or max with it, or a product of it), so when the least it can be
+    (`least_units_tokens`) and no bound at all give the same budget, it gives that one too:
+    a long span (its line × ratio far below what is compressed) is not tokenised again."""
+
+    def over(units: int) -> Budget:
+        return compute_budget(
+            line=line,
+            ratio=ratio,
+            summary_window=summary_window,
+            summary_max_output=summary_max_output,
+            existing_summary_tokens=existing_summary_tokens,
+            units_tokens=units,
+        )
+
+    least = over(least_units_tokens)
+    if least == over(_UNBOUNDED):
+        return least
+    return over(units_tokens())

@@ -31,7 +31,7 @@ from nonebot_plugin_memsum.agent.events import (
 from nonebot_plugin_memsum.agent.prompt import Prompt
 from nonebot_plugin_memsum.agent.tools import TodoProvider
 from nonebot_plugin_memsum.agent.turn import Agent, Entry
-from nonebot_plugin_memsum.compression.budget import compression_line, compute_budget
+from nonebot_plugin_memsum.compression.budget import budget_over_units, compression_line
 from nonebot_plugin_memsum.compression.keep import apply_count_rule
 from nonebot_plugin_memsum.compression.parse import parse_reply
 from nonebot_plugin_memsum.compression.request import ChunkPlan, is_context_too_long
@@ -44,6 +44,7 @@ from nonebot_plugin_memsum.compression.units import (
     cut_before_question,
     cut_point,
     has_conversation,
+    stored_text_tokens,
     text_tokens,
 )
 from nonebot_plugin_memsum.config import Config
@@ -747,13 +748,14 @@ class CompressionService:
         est = run_estimators()
 
         def start_plan() -> ChunkPlan:  # estimates and numbering of the whole span: off the loop
-            budget = compute_budget(
+            budget = budget_over_units(
+                least_units_tokens=stored_text_tokens(units, est),
+                units_tokens=lambda: text_tokens(units, est),
                 line=line,
                 ratio=self.config.memsum_summary_budget_ratio,
                 summary_window=model.context_window,
                 summary_max_output=model.max_output_tokens,
                 existing_summary_tokens=estimate_text_tokens(old_text),
-                units_tokens=text_tokens(units, est),
             )
             return ChunkPlan.start(
                 units=units,

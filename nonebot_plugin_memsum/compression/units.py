@@ -204,6 +204,14 @@ def build_units(span: Sequence[Message]) -> list[Unit]:
     return units
 
 
+def _stored_text_tokens(u: Unit, est: Estimators) -> int | None:
+    """A unit's text estimate when it is shown exactly as its one message's stored content
+    (a one-line user message): the estimate of that text taken when it was stored."""
+    if len(u.messages) != 1 or u.text != u.messages[0].content:
+        return None
+    return est.content(u.messages[0])
+
+
 def text_tokens(units: Sequence[Unit], est: Estimators) -> int:
     """R-BUD-2: the text estimate of the rendered units, summed.
 
@@ -213,9 +221,15 @@ def text_tokens(units: Sequence[Unit], est: Estimators) -> int:
     """
     total = 0
     for u in units:
-        known = est.content(u.messages[0]) if len(u.messages) == 1 else None
-        total += known if known is not None and u.text == u.messages[0].content else est.text(u.text)
+        known = _stored_text_tokens(u, est)
+        total += known if known is not None else est.text(u.text)
     return total
+
+
+def stored_text_tokens(units: Sequence[Unit], est: Estimators) -> int:
+    """The part of `text_tokens` the stored estimates give, without tokenising anything: at
+    most `text_tokens`, and all of it when every unit is a one-line user message."""
+    return sum(known for u in units if (known := _stored_text_tokens(u, est)) is not None)
 
 
 def has_conversation(units: Sequence[Unit]) -> bool:
