@@ -120,8 +120,10 @@ def hard_trim(
     """
     kept = list(history)
     costs = [estimate(m) for m in kept] if costs is None else costs
-    jump = _jumps(kept)
     total = fixed_tokens + sum(costs)
+    if total <= budget:  # most turns: nothing to drop, no need of the groups' spans
+        return kept, False
+    jump = _jumps(kept)
     start = 0
     while total > budget and start < len(kept):
         nxt = _safe_start(kept, start + 1, jump)
