@@ -205,6 +205,7 @@ class Results:
     """(life, from, to): from when a restarted bot listened to the end of its backfill."""
     stopped: str = ""
     rss_max_mb: float = 0.0
+    rss_spread_mb: list[tuple[float, float]] = field(default_factory=list)
 
     def report(self) -> str:
         p = f"{_p50_p99(self.overhead_ms)} ms" if self.overhead_ms else "-"
@@ -221,7 +222,8 @@ class Results:
                 f" ({self.cpu_ms_with_startup:.2f} ms with the start-ups)",
                 "resident memory slope after warm-up (per process life): "
                 + ", ".join(f"{s:+.2f} MB/min" for s in self.rss_slope_mb_per_min)
-                + f"; highest {self.rss_max_mb:.0f} MB",
+                + f"; highest {self.rss_max_mb:.0f} MB; after warm-up lowest-highest "
+                + ", ".join(f"{lo:.1f}-{hi:.1f} MB ({hi - lo:.1f})" for lo, hi in self.rss_spread_mb),
                 f"log: {self.log_bytes_per_1000 / 1024:.1f} KB per 1,000 messages;"
                 f" lines with message text: {self.text_lines}",
                 f"INFO turn lines: {self.turns}, compressions: {self.compressions}",
@@ -299,11 +301,16 @@ class Proc:
         except (OSError, IndexError):
             pass
 
+    def after_warmup(self, warmup: float) -> list[tuple[float, float]]:
+        return [(t, r) for t, r in self.rss if t >= self.rss[0][0] + warmup] if self.rss else []
+
+    def spread(self, warmup: float) -> tuple[float, float] | None:
+        """Lowest and highest RSS after the warm-up (issue 15: flat within +-5 MB)."""
+        points = [r for _, r in self.after_warmup(warmup)]
+        return (min(points), max(points)) if len(points) >= 3 else None
+
     def slope(self, warmup: float) -> float | None:
-        if not self.rss:
-            return None
-        start = self.rss[0][0] + warmup
-        points = [(t, r) for t, r in self.rss if t >= start]
+        points = self.after_warmup(warmup)
         if len(points) < 3:
             return None
         tm = statistics.mean(t for t, _ in points)
@@ -569,6 +576,7 @@ def _analyse(
     r.cpu_ms_per_message = sum(p.cpu - p.startup for p in lives) * 1000 / delivered
     r.cpu_ms_with_startup = sum(p.cpu for p in lives) * 1000 / delivered
     r.rss_slope_mb_per_min = [s for p in lives if (s := p.slope(warmup)) is not None]
+    r.rss_spread_mb = [s for p in lives if (s := p.spread(warmup)) is not None]
     r.rss_max_mb = max((rss for p in lives for _, rss in p.rss), default=0.0)
     log = bot.log(all_runs=True)
     r.log_bytes_per_1000 = len(log.encode()) * 1000 / delivered
