@@ -189,6 +189,8 @@ class Results:
     questions: int = 0
     unanswered: int = 0
     answered_twice: int = 0
+    apologies: int = 0
+    """Failed turns' apologies (counted as answering their asker for `unanswered`)."""
     overhead_ms: list[float] = field(default_factory=list)
     waits: list[Wait] = field(default_factory=list)
     """The same answers as `overhead_ms`, attributed (process life, the model's share)."""
@@ -215,7 +217,7 @@ class Results:
                 f"lost: {self.lost}  duplicated: {self.duplicated}  out of order: {self.out_of_order}",
                 f"said while down, not recorded: {self.down_not_recorded}",
                 f"questions: {self.questions}  unanswered within the window: {self.unanswered}"
-                f"  answered twice: {self.answered_twice}",
+                f"  answered twice: {self.answered_twice}  failed turns' apologies: {self.apologies}",
                 f"turn overhead p50 / p99 (one model request): {p} over {len(self.overhead_ms)} answers",
                 *self._split(),
                 f"bot CPU per message: {self.cpu_ms_per_message:.2f} ms"
@@ -547,10 +549,13 @@ def _analyse(
     questions = {s.token: s for s in said if s.question}
     r.questions = len(questions)
     answered: Counter[str] = Counter()
+    apologised: Counter[str] = Counter()
     by_id = {s.message_id: s.token for s in said}
     for t, raw, _ in replies:
         covered, quoted = _covered(raw, by_id)
         answered.update(covered)
+        if APOLOGY in raw:
+            apologised.update(covered)
         m = re.search(r"attempts=(\d+) model_ms=(\d+)", raw)
         if quoted and m and m.group(1) == "1":
             asker = next(
@@ -571,7 +576,11 @@ def _analyse(
                     )
                 )
     r.unanswered = sum(1 for q in questions if answered[q] == 0)
-    r.answered_twice = sum(1 for q in questions if answered[q] > 1)
+    # Twice: two answers from the model. A failed turn's apology (after its retries) and a later
+    # turn's answer that names the same question are not: that later turn was another member's
+    # question, and its model saw the first one still without an answer.
+    r.answered_twice = sum(1 for q in questions if answered[q] - apologised[q] > 1)
+    r.apologies = sum(apologised.values())
     delivered = max(1, r.said - r.lost)
     r.cpu_ms_per_message = sum(p.cpu - p.startup for p in lives) * 1000 / delivered
     r.cpu_ms_with_startup = sum(p.cpu for p in lives) * 1000 / delivered
