@@ -4,7 +4,9 @@
 share (`?` placeholders, `INSERT ... ON CONFLICT`, `CASE`, `COALESCE`); a `Db` runs it:
 
 - `SqliteDb`: one aiosqlite connection in autocommit mode, `BEGIN IMMEDIATE`, WAL, one
-  file (store/migrations.py); the only writer is this process.
+  file (store/migrations.py); the only writer is this process. A message's own write runs
+  on the event loop's thread when nothing else is on the connection (`_write`), the rest
+  in aiosqlite's thread.
 - `PostgresDb`: one asyncpg connection (`?` become `$1..$n`), reconnected when the server
   dropped it; schema in store/postgres.py. Other processes write beside this one
   (`shared`), so what a process remembers must be checked against the database, and a
@@ -52,12 +54,18 @@ URL_SCHEMES = ("postgresql", "postgres")
 
 # NORMAL is durable across application crashes in WAL mode and only risks the last
 # commits on power loss; busy_timeout waits out another process's write lock instead
-# of failing at once.
+# of failing at once. No automatic checkpoint: it runs in whichever thread commits, and
+# a message's write may run on the event loop's (`SqliteDb._write`); CHECKPOINT_EVERY.
+_BUSY_TIMEOUT_MS = 5000
 _SQLITE_PRAGMAS = (
     "PRAGMA synchronous = NORMAL",
     "PRAGMA foreign_keys = ON",
-    "PRAGMA busy_timeout = 5000",
+    f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}",
+    "PRAGMA wal_autocheckpoint = 0",
 )
+CHECKPOINT_EVERY = 256
+"""Writes between two checkpoints of the WAL into the file, each run in aiosqlite's thread
+after a write (a message's write takes ~5 pages: about SQLite's default of 1,000 pages)."""
 
 
 def is_url(location: Location) -> bool:
@@ -197,12 +205,20 @@ class SqliteDb(Db):
         one statement over many rows), sent with the next statement that answers: each trip
         to aiosqlite's thread wakes it and the event loop once (issue 9)."""
         self._in_tx = False
+        self._sent = 0
+        """Calls handed to aiosqlite's thread (`_call`); `_ran` counts those it finished, there:
+        equal when the connection is idle, also after an awaiting task was cancelled."""
+        self._ran = 0
+        self._writes = 0
+        """Writes since the last checkpoint (CHECKPOINT_EVERY)."""
 
     @classmethod
     async def connect(cls, path: Path) -> SqliteDb:
         """Open the file, set the pragmas, migrate; StoreError naming the file when it cannot."""
         try:
-            db = await aiosqlite.connect(path, isolation_level=None)
+            # Used from the event loop's thread too (`_write`), never at the same time as
+            # from aiosqlite's.
+            db = await aiosqlite.connect(path, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as err:
             raise StoreError(f"cannot open {path}: {err}") from err
         try:
@@ -232,22 +248,64 @@ class SqliteDb(Db):
         return self._raw
 
     async def _call(self, last: Callable[[sqlite3.Connection], T], what: str) -> T:
-        """The queued statements, then `last`, in one trip to the connection's thread."""
+        """The queued statements, then `last`, in one trip to the connection's thread; then
+        a checkpoint when one is due and no transaction is open."""
         queued, self._queued = self._queued, []
+        if what == "write":
+            self._writes += 1
 
         def run() -> T:
-            conn = self._raw._conn  # inside aiosqlite's thread, as its own helpers do
-            for sql, params, many in queued:
-                if many:
-                    conn.executemany(sql, params)
-                else:
-                    conn.execute(sql, params)
-            return last(conn)
+            try:
+                conn = self._raw._conn  # inside aiosqlite's thread, as its own helpers do
+                for sql, params, many in queued:
+                    if many:
+                        conn.executemany(sql, params)
+                    else:
+                        conn.execute(sql, params)
+                out = last(conn)
+                if self._writes >= CHECKPOINT_EVERY and not conn.in_transaction:
+                    self._writes = 0
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                return out
+            finally:
+                self._ran += 1
 
+        self._sent += 1
         try:
             return await self._raw._execute(run)
         except sqlite3.Error as err:
             raise StoreError(f"store {what} failed: {err}") from err
+
+    async def _write(self, run: Callable[[sqlite3.Connection], T]) -> T:
+        """A message's write (a statement or two, ~0.07 ms of SQLite) on the event loop's
+        thread when the connection is idle: a trip to aiosqlite's thread costs about as much
+        CPU again in wake-ups, on every message recorded (issue 9). Through that thread when
+        a transaction is open or queued, a call is still running there (its awaiting task may
+        have been cancelled), or a checkpoint is due (it may take an fsync: never on the loop);
+        and when another process holds the write lock, which we wait for there, not here."""
+        conn = self._raw._conn
+        if (
+            self._queued
+            or self._in_tx
+            or self._sent != self._ran
+            or self._writes >= CHECKPOINT_EVERY
+            or conn.in_transaction
+        ):
+            return await self._call(run, "write")
+        conn.execute("PRAGMA busy_timeout = 0")
+        try:
+            out = run(conn)
+            self._writes += 1
+            return out
+        except sqlite3.OperationalError as err:
+            if err.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:
+                raise StoreError(f"store write failed: {err}") from err
+        except sqlite3.Error as err:
+            raise StoreError(f"store write failed: {err}") from err
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+        # Another process holds the write lock and nothing was written: wait for it there.
+        return await self._call(run, "write")
 
     async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         # No row_factory: plain tuples.
@@ -316,7 +374,9 @@ class SqliteDb(Db):
     ) -> int:
         """The INSERT alone: the runtime's background batches index new messages
         (store/search.py), and a search first indexes what still waits."""
-        return await self.insert(sql, params)
+        new_id = await self._write(lambda conn: conn.execute(sql, params).lastrowid)
+        assert new_id is not None  # an INSERT into a rowid table always sets it
+        return int(new_id)
 
     async def insert_message_unless(
         self,
@@ -327,15 +387,14 @@ class SqliteDb(Db):
         msg: Message,
         ts: float,
     ) -> int | None:
-        # The check and the INSERT in one trip to aiosqlite's thread: every message
-        # recorded live takes this path (issue 15), and each trip wakes that thread and
-        # the event loop once. Nothing else runs on the connection in between.
+        # The check and the INSERT in one go (`_write`): every message recorded live takes
+        # this path (issue 15). Nothing else runs on the connection in between.
         def run(conn: sqlite3.Connection) -> int | None:
             if conn.execute(*found).fetchone() is not None:
                 return None
             return conn.execute(sql, params).lastrowid
 
-        return await self._call(run, "write")
+        return await self._write(run)
 
     async def insert_message_with(
         self,
@@ -346,8 +405,8 @@ class SqliteDb(Db):
         ts: float,
         writes: Sequence[tuple[str, Sequence[Any]]],
     ) -> int:
-        # BEGIN to COMMIT in one trip to aiosqlite's thread (a turn's answer and its reply
-        # mark: two trips as a transaction, which needs the INSERT's id before its COMMIT).
+        # BEGIN to COMMIT in one go (`_write`; a turn's answer and its reply mark: two trips
+        # to aiosqlite's thread as a transaction, which needs the INSERT's id before its COMMIT).
         def run(conn: sqlite3.Connection) -> int:
             conn.execute("BEGIN IMMEDIATE")
             try:
@@ -362,7 +421,7 @@ class SqliteDb(Db):
             assert new_id is not None  # an INSERT into a rowid table always sets it
             return new_id
 
-        return await self._call(run, "write")
+        return await self._write(run)
 
     async def forget(self, session_id: str) -> None:
         try:
