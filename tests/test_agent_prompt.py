@@ -1,9 +1,13 @@
 """Count trimming, hard trimming and assembly of the chat agent's prompt (pure)."""
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from nonebot_plugin_memsum.agent.prompt import (
     ANSWERED_LAST,
     assemble,
     contribution_order,
+    conversation,
     count_trim,
     hard_trim,
     safe_start,
@@ -11,7 +15,7 @@ from nonebot_plugin_memsum.agent.prompt import (
     to_openai,
     trim_budget,
 )
-from nonebot_plugin_memsum.types import Message, ToolCall
+from nonebot_plugin_memsum.types import CONVERSATION_ROLES, Message, ToolCall
 
 
 def user(i: int) -> Message:
@@ -75,6 +79,77 @@ def test_sendable_drops_unfinished_calls_and_orphans() -> None:
     history = [call("a"), user(1), result("zz"), call("b"), result("b")]
     out = sendable(history)
     assert [m.role for m in out] == ["user", "assistant", "tool"]
+
+
+def test_sendable_cleans_one_dangling_call_or_orphan_in_a_plain_history() -> None:
+    # Most histories hold no tool message and are passed through as they are (issue 9: a
+    # cheap turn); one crashed turn's call or a lone result must still be found and cleaned.
+    plain = [user(0), Message(role="assistant", content="好", id=1), user(2)]
+    assert sendable(plain) == plain
+    said = Message(role="assistant", content="我查一下", tool_calls=(ToolCall("a", "recall", "{}"),), id=3)
+    out = sendable([*plain, said, user(4)])
+    assert out == [*plain, Message(role="assistant", content="我查一下"), user(4)]
+    assert out[3].id is None  # a copy, not the stored message
+    assert sendable([*plain, call("a"), user(4)]) == [*plain, user(4)]
+    assert sendable([user(0), result("a"), user(2)]) == [user(0), user(2)]
+
+
+def _reference_sendable(history: list[Message]) -> list[Message]:
+    """sendable as it was before its shortcut for histories without tool messages."""
+    answered = {m.tool_call_id for m in history if m.role == "tool"}
+    called: set[str] = set()
+    out: list[Message] = []
+    for m in history:
+        if m.role == "assistant" and m.tool_calls:
+            if all(c.id in answered for c in m.tool_calls):
+                called.update(c.id for c in m.tool_calls)
+                out.append(m)
+            elif m.content:
+                out.append(Message(role="assistant", content=m.content, ts=m.ts))
+        elif m.role == "tool":
+            if m.tool_call_id in called:
+                out.append(m)
+        else:
+            out.append(m)
+    return out
+
+
+_call_ids = st.sampled_from(["a", "b", "c"])
+_messages = st.one_of(
+    st.builds(
+        lambda role, marker, text: Message(role=role, content=text, event_marker=marker),
+        st.sampled_from(["user", "assistant", "notice", "system"]),
+        st.booleans(),
+        st.text("xy", max_size=3),
+    ),
+    st.builds(
+        lambda ids, text: Message(
+            role="assistant", content=text, tool_calls=tuple(ToolCall(i, "f", "{}") for i in ids)
+        ),
+        st.lists(_call_ids, min_size=1, max_size=2),
+        st.text("xy", max_size=3),
+    ),
+    st.builds(
+        lambda cid, marker: Message(role="tool", content="ok", tool_call_id=cid, event_marker=marker),
+        st.one_of(st.none(), _call_ids),
+        st.booleans(),
+    ),
+)
+
+
+@given(history=st.lists(_messages, max_size=12))
+def test_the_shortcuts_keep_what_the_general_rules_keep(history: list[Message]) -> None:
+    assert sendable(history) == _reference_sendable(history)
+    assert conversation(history) == [m for m in history if m.is_conversation]
+    assert all(m.role in CONVERSATION_ROLES for m in conversation(history))
+
+
+def test_assemble_counts_the_stored_estimate_and_estimates_the_rest() -> None:
+    stored = Message(role="user", content="[u(1)] 存过的", id=1, tokens=7)
+    prompt = assemble(
+        ["p"], [stored, user(2)], history_limit=0, trim_budget=10_000, estimate_msg=est, estimate_text=len
+    )
+    assert prompt.untrimmed_history == 7 + 10
 
 
 def test_to_openai_shapes() -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from nonebot_plugin_memsum.llm.tokens import MESSAGE_OVERHEAD, NOTICE_PREFIX, REQUEST_OVERHEAD
-from nonebot_plugin_memsum.types import Message
+from nonebot_plugin_memsum.types import CONVERSATION_ROLES, Message
 
 CONTEXT_ANCHOR = "context"
 C = TypeVar("C")
@@ -37,7 +37,9 @@ def contribution_order(contributions: Mapping[str, Sequence[C]], summary: C | No
 
 def conversation(history: Sequence[Message]) -> list[Message]:
     """What may reach the model: no event markers, no stored system items."""
-    return [m for m in history if m.is_conversation]
+    # `Message.is_conversation` spelled out: a property call per message was a third of
+    # the filter's time, and every turn filters the whole active history.
+    return [m for m in history if m.role in CONVERSATION_ROLES and not m.event_marker]
 
 
 def _group_spans(history: Sequence[Message]) -> list[tuple[int, int]]:
@@ -135,6 +137,8 @@ def hard_trim(
 def sendable(history: Sequence[Message]) -> list[Message]:
     """Drop what an OpenAI-compatible API would reject: calls without all their results
     (a turn that crashed mid-way) and results without their call."""
+    if not _has_tool_messages(history):  # most histories: nothing to check
+        return list(history)
     answered = {m.tool_call_id for m in history if m.role == "tool"}
     called: set[str] = set()
     out: list[Message] = []
@@ -152,6 +156,14 @@ def sendable(history: Sequence[Message]) -> list[Message]:
         else:
             out.append(m)
     return out
+
+
+def _has_tool_messages(history: Sequence[Message]) -> bool:
+    """Whether any message is a tool call or a tool result."""
+    for m in history:  # a plain loop: stops at the first, and beats any() over a generator
+        if m.tool_calls or m.role == "tool":
+            return True
+    return False
 
 
 def to_openai(m: Message) -> dict[str, Any]:
@@ -198,13 +210,16 @@ def assemble(
     wire: Callable[[Sequence[Message]], Sequence[dict[str, Any]]] | None = None,
 ) -> Prompt:
     """System parts (persona, contributions, `context` last), then the trimmed history.
+    A message's cost is the estimate stored with it (`Message.tokens`), else `estimate_msg`'s.
     `wire`: the history messages as sent (default to_openai each; agent/wire.py keeps each made once)."""
     conv = conversation(history)
     counted = sendable(_count_trim(conv, history_limit))
     fixed = REQUEST_OVERHEAD + sum(estimate_text(p) + MESSAGE_OVERHEAD for p in system_parts if p)
     if tools:
         fixed += estimate_text(json.dumps(list(tools), ensure_ascii=False))
-    costs = [estimate_msg(m) for m in counted]
+    # The stored estimate read here, not through a call per message: every turn costs the
+    # whole active history.
+    costs = [m.tokens if m.tokens is not None else estimate_msg(m) for m in counted]
     untrimmed = sum(costs)
     kept, trimmed = hard_trim(counted, fixed, trim_budget, estimate_msg, costs)
     kept_tokens = sum(costs[len(counted) - len(kept) :])  # kept is a tail of counted

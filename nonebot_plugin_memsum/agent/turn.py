@@ -24,7 +24,7 @@ from nonebot_plugin_memsum.compression.budget import compression_line
 from nonebot_plugin_memsum.config import Config
 from nonebot_plugin_memsum.errors import NoChatModel
 from nonebot_plugin_memsum.llm import LLMClient, LLMError, LLMLengthLimit, Registry
-from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_stored, estimate_text_tokens
+from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_text_tokens
 from nonebot_plugin_memsum.lru import KeyedLocks
 from nonebot_plugin_memsum.settings import Settings
 from nonebot_plugin_memsum.store import ReplyState, Store
@@ -440,7 +440,7 @@ class Agent:
             history_limit=limit,
             trim_budget=budget,
             tools=tools,
-            estimate_msg=estimate_stored,
+            estimate_msg=estimate_msg_tokens,
             estimate_text=estimate_text_tokens,
             wire=wire_forms,
         )

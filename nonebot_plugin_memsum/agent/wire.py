@@ -23,18 +23,17 @@ _set_wire = getattr(Message, "wire").__set__  # the slot's own setter: Message i
 
 
 def wire_forms(messages: Sequence[Message]) -> list[WireMessage]:
-    """The messages' wire forms, in order (one pass: this runs over every history sent).
-    Messages without a stored id (copies made for one prompt) are converted each time and
-    carry nothing."""
-    out: list[WireMessage] = []
-    for m in messages:
-        wire = m.wire
-        if wire is None:
-            wire = WireMessage(to_openai(m))
-            if m.id is not None:
-                _set_wire(m, wire)
-        out.append(wire)
-    return out
+    """The messages' wire forms, in order (this runs over every history sent, so the common
+    case, a form already made, is one attribute read). Messages without a stored id (copies
+    made for one prompt) are converted each time and carry nothing."""
+    return [m.wire if m.wire is not None else _made(m) for m in messages]
+
+
+def _made(m: Message) -> WireMessage:
+    wire = WireMessage(to_openai(m))
+    if m.id is not None:
+        _set_wire(m, wire)
+    return wire
 
 
 __all__ = ["wire_forms"]

@@ -340,7 +340,11 @@ def encode_body(body: Mapping[str, Any]) -> bytes:
     if not any(isinstance(m, WireMessage) for m in messages):
         return _dumps(body)  # one call: cheaper than one per message
     rest = _dumps({k: v for k, v in body.items() if k != "messages"})
-    joined = b",".join(m.encoded if isinstance(m, WireMessage) else _dumps(m) for m in messages)
+    # The memo read directly, the property called only to make it: a call per message was
+    # half the time of joining a long history.
+    joined = b",".join(
+        [(m._encoded or m.encoded) if isinstance(m, WireMessage) else _dumps(m) for m in messages]
+    )
     return b'{"messages":[' + joined + (b"]," + rest[1:] if len(rest) > 2 else b"]}")
 
 
