@@ -45,6 +45,30 @@ async def test_issue_9_the_tool_schemas_sent_with_every_chat_request_stay_short(
     assert set(recall["parameters"]["properties"]) == {"query", "speaker", "since", "until", "limit"}
 
 
+async def test_issue_9_the_prompt_counts_the_tools_offered_and_one_registered_later(
+    make_rt: MakeRuntime,
+) -> None:
+    # The tools' size is taken once and kept while the schemas stay the same (their JSON cost
+    # every turn ~20 µs): a tool registered later must be counted from the next prompt on.
+    rt = await make_rt()
+    await fill(rt, GROUP, [user("@小记(10000) 在吗")])
+
+    def sent_size() -> int:
+        return estimate_text_tokens(json.dumps(rt.tools.schemas(), ensure_ascii=False))
+
+    bare = await rt.agent.build_prompt(GROUP.id, GROUP_ENTRY, with_tools=False)
+    offered = await rt.agent.build_prompt(GROUP.id, GROUP_ENTRY)
+    assert offered.estimate - bare.estimate == sent_size()
+
+    @rt.tools.tool("peek", "看一眼最近的几条消息", {"type": "object", "properties": {}})
+    def peek(ctx: ToolContext, args: dict[str, Any]) -> str:
+        return "无"
+
+    more = await rt.agent.build_prompt(GROUP.id, GROUP_ENTRY)
+    assert more.estimate - bare.estimate == sent_size() > offered.estimate - bare.estimate
+    assert (await rt.agent.build_prompt(GROUP.id, GROUP_ENTRY, with_tools=False)).estimate == bare.estimate
+
+
 async def test_tool_call_round_trip_is_stored_as_a_group_and_sent_back(
     make_rt: MakeRuntime, llm: ScriptedLLM
 ) -> None:

@@ -204,19 +204,19 @@ def assemble(
     *,
     history_limit: int,
     trim_budget: int,
-    tools: Sequence[dict[str, Any]] = (),
+    tools_tokens: int = 0,
     estimate_msg: Callable[[Message], int],
     estimate_text: Callable[[str], int],
     wire: Callable[[Sequence[Message]], Sequence[dict[str, Any]]] | None = None,
 ) -> Prompt:
     """System parts (persona, contributions, `context` last), then the trimmed history.
     A message's cost is the estimate stored with it (`Message.tokens`), else `estimate_msg`'s.
+    `tools_tokens`: the size of the tools offered with the request (`tools_tokens()`).
     `wire`: the history messages as sent (default to_openai each; agent/wire.py keeps each made once)."""
     conv = conversation(history)
     counted = sendable(_count_trim(conv, history_limit))
-    fixed = REQUEST_OVERHEAD + sum(estimate_text(p) + MESSAGE_OVERHEAD for p in system_parts if p)
-    if tools:
-        fixed += estimate_text(json.dumps(list(tools), ensure_ascii=False))
+    fixed = REQUEST_OVERHEAD + tools_tokens
+    fixed += sum(estimate_text(p) + MESSAGE_OVERHEAD for p in system_parts if p)
     # The stored estimate read here, not through a call per message: every turn costs the
     # whole active history.
     costs = [m.tokens if m.tokens is not None else estimate_msg(m) for m in counted]
@@ -242,6 +242,11 @@ def assemble(
         trimmed=trimmed,
         conversation=len(conv),
     )
+
+
+def tools_tokens(tools: Sequence[dict[str, Any]], estimate_text: Callable[[str], int]) -> int:
+    """What the tools' schemas add to a request: they are sent as JSON."""
+    return estimate_text(json.dumps(list(tools), ensure_ascii=False)) if tools else 0
 
 
 def _cut_to_fit(m: Message, tokens: int, estimate: Callable[[Message], int]) -> Message:

@@ -31,7 +31,7 @@ from nonebot_plugin_memsum.store import ReplyState, Store
 from nonebot_plugin_memsum.types import Message, SessionRecord, ToolCall
 
 from .events import EventBus, Outcome, TurnEnded, TurnStarted, UsageEvent
-from .prompt import Prompt, assemble, contribution_order, trim_budget
+from .prompt import Prompt, assemble, contribution_order, tools_tokens, trim_budget
 from .tools import ToolContext, ToolRegistry
 from .wire import wire_forms
 
@@ -97,6 +97,8 @@ class Agent:
     _make_room: MakeRoom | None = None
     """The compression's way to avoid a hard trim (issue 9); see `on_trim`."""
     _turn_tasks: dict[str, asyncio.Task[Any] | None] = field(default_factory=dict)
+    _tools_cost: tuple[list[dict[str, Any]], int] = ([], 0)
+    """The latest tool schemas offered and their `tools_tokens` (see `_tools_tokens`)."""
     draining: bool = False
     """Shutting down: turns in flight finish, no new one starts (their questions are
     stored unanswered, so the next start answers them)."""
@@ -439,12 +441,21 @@ class Agent:
             history,
             history_limit=limit,
             trim_budget=budget,
-            tools=tools,
+            tools_tokens=self._tools_tokens(tools),
             estimate_msg=estimate_msg_tokens,
             estimate_text=estimate_text_tokens,
             wire=wire_forms,
         )
         return history, prompt
+
+    def _tools_tokens(self, tools: list[dict[str, Any]]) -> int:
+        """`tools_tokens`, taken again only when the schemas differ from the last ones (a tool
+        registered since): encoding them to JSON was ~20 µs of every turn."""
+        last, tokens = self._tools_cost
+        if tools != last:
+            tokens = tools_tokens(tools, estimate_text_tokens)
+            self._tools_cost = (tools, tokens)
+        return tokens
 
     async def _run_tool(self, ctx: ToolContext, call: ToolCall) -> None:
         output = await self.tools.call(ctx, call.name, call.arguments)
