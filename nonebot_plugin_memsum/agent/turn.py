@@ -450,7 +450,10 @@ class Agent:
 
     def _tools_tokens(self, tools: list[dict[str, Any]]) -> int:
         """`tools_tokens`, taken again only when the schemas differ from the last ones (a tool
-        registered since): encoding them to JSON was ~20 µs of every turn."""
+        registered since): encoding them to JSON was ~20 µs of every turn. No tools (a turn's
+        last round, a prompt built without them) leave the kept ones alone."""
+        if not tools:
+            return 0
         last, tokens = self._tools_cost
         if tools != last:
             tokens = tools_tokens(tools, estimate_text_tokens)
