@@ -168,6 +168,11 @@ async def test_forged_cross_site_changes_are_refused(env: WebEnv, owner: httpx.A
 async def test_overview_lists_every_session_with_counts_lines_and_today(
     env: WebEnv, owner: httpx.AsyncClient
 ) -> None:
+    # A chat call (priced) and a summary call (not) at the real now, no session's, so today is
+    # never empty: between midnight and about three the whole seed, begun three hours ago,
+    # lies in yesterday.
+    await env.rt.store.record_usage(None, "对话", "test/chat", 120, 30)
+    await env.rt.store.record_usage(None, "摘要", "test/summary", 200, 40)
     data = (await owner.get("api/overview")).json()
     rows = {r["id"]: r for r in data["sessions"]}
     assert set(rows) == {GROUP.id, PRIVATE.id}
@@ -197,7 +202,7 @@ async def test_overview_lists_every_session_with_counts_lines_and_today(
     assert private["usage"] is None
     assert group["backoff_failures"] == 0
     assert not group["running"]
-    # Today in the bot's time zone (the seed began three hours ago: maybe yesterday).
+    # Today in the bot's time zone: the call above, and the seed's calls made since midnight.
     ledger = await env.rt.store.usage_by_day(since=usage.day_start(clock.now(), usage.zone_of(env.rt.config)))
     assert data["today"]["calls"] == sum(r.calls for r in ledger) > 0
     assert data["today"]["tokens_in"] == sum(r.tokens_in for r in ledger)
