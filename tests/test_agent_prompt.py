@@ -5,6 +5,7 @@ from hypothesis import strategies as st
 
 from nonebot_plugin_memsum.agent.prompt import (
     ANSWERED_LAST,
+    _sendable_checked,
     assemble,
     contribution_order,
     conversation,
@@ -94,26 +95,6 @@ def test_sendable_cleans_one_dangling_call_or_orphan_in_a_plain_history() -> Non
     assert sendable([user(0), result("a"), user(2)]) == [user(0), user(2)]
 
 
-def _reference_sendable(history: list[Message]) -> list[Message]:
-    """sendable as it was before its shortcut for histories without tool messages."""
-    answered = {m.tool_call_id for m in history if m.role == "tool"}
-    called: set[str] = set()
-    out: list[Message] = []
-    for m in history:
-        if m.role == "assistant" and m.tool_calls:
-            if all(c.id in answered for c in m.tool_calls):
-                called.update(c.id for c in m.tool_calls)
-                out.append(m)
-            elif m.content:
-                out.append(Message(role="assistant", content=m.content, ts=m.ts))
-        elif m.role == "tool":
-            if m.tool_call_id in called:
-                out.append(m)
-        else:
-            out.append(m)
-    return out
-
-
 _call_ids = st.sampled_from(["a", "b", "c"])
 _messages = st.one_of(
     st.builds(
@@ -139,7 +120,7 @@ _messages = st.one_of(
 
 @given(history=st.lists(_messages, max_size=12))
 def test_the_shortcuts_keep_what_the_general_rules_keep(history: list[Message]) -> None:
-    assert sendable(history) == _reference_sendable(history)
+    assert sendable(history) == _sendable_checked(history)
     assert conversation(history) == [m for m in history if m.is_conversation]
     assert all(m.role in CONVERSATION_ROLES for m in conversation(history))
 

@@ -139,6 +139,11 @@ def sendable(history: Sequence[Message]) -> list[Message]:
     (a turn that crashed mid-way) and results without their call."""
     if not _has_tool_messages(history):  # most histories: nothing to check
         return list(history)
+    return _sendable_checked(history)
+
+
+def _sendable_checked(history: Sequence[Message]) -> list[Message]:
+    """`sendable` without its shortcut: every call and result checked."""
     answered = {m.tool_call_id for m in history if m.role == "tool"}
     called: set[str] = set()
     out: list[Message] = []
