@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import re
+import string
+import unicodedata
 from dataclasses import dataclass
 
 from nonebot_plugin_memsum.compression.templates import KEEP_HEADING, NONE_MARK
 
 # Markdown markers and a full-width ＃ may stand before the heading.
 _HEADING = re.compile(r"^[\s#＃*>\-]*" + re.escape(KEEP_HEADING) + r"(?P<rest>.*)$")
-# A line that only lists numbers: digits, # before them, 无, blanks, punctuation.
-_NUMBER_LINE = re.compile(r"^[\s0-9０-９#＃无、,，;；.。:：!！?？*_`~|/\\\-()（）\[\]「」]*$")
+_DIGITS = frozenset("0123456789０１２３４５６７８９")
+_ASCII_MARKS = frozenset(string.punctuation)
 _NUMBER = re.compile(r"[0-9０-９]+")
 _HASH_NUMBER = re.compile(r"[#＃]\s*([0-9０-９]+)")
 # The annotation a request puts after a number, 「〔约 12 token〕」, copied back (in any
@@ -19,7 +21,6 @@ _ANNOTATION = re.compile(
     r"[〔(（\[]\s*(?:(?:约|~|～|≈)\s*[0-9０-９]+\s*(?:tokens?)?|[0-9０-９]+\s*tokens?)\s*[〕)）\]]",
     re.IGNORECASE,
 )
-_WORD = re.compile(r"[^\s0-9０-９#＃、,，;；.。:：!！?？*_`~|/\\\-()（）\[\]「」]")
 _MAX_DIGITS = 9  # a longer run is no number of ours, and int() of a huge run may raise
 
 
@@ -33,9 +34,23 @@ class ParsedReply:
     """The block has words but no number and no 「无」."""
 
 
+def _is_word(ch: str) -> bool:
+    """Not a digit, a blank or punctuation: punctuation of any script (quotes, brackets,
+    dots, dashes) and ASCII's marks (`#`, `*`, `>`, `|`) in their full-width forms too."""
+    if ch.isspace() or ch in _DIGITS:
+        return False
+    return not (unicodedata.category(ch)[0] == "P" or unicodedata.normalize("NFKC", ch) in _ASCII_MARKS)
+
+
+def _lists_numbers(line: str) -> bool:
+    """A line that only lists numbers: digits, # before them, 无, blanks, punctuation (a
+    block quoted with `>` quotes its number lines too)."""
+    return not any(_is_word(ch) for ch in line if ch != NONE_MARK)
+
+
 def _block_end(lines: list[str], head: int) -> int:
     end = head + 1
-    while end < len(lines) and _NUMBER_LINE.match(_ANNOTATION.sub("", lines[end])):
+    while end < len(lines) and _lists_numbers(_ANNOTATION.sub("", lines[end])):
         end += 1
     return end
 
@@ -76,6 +91,6 @@ def parse_reply(text: str) -> ParsedReply:
         return ParsedReply(body, None, block_unreadable=False)
     numbers = _numbers(block)
     said_none = any(NONE_MARK in line for line in block)
-    has_words = any(_WORD.search(line) for line in block)
+    has_words = any(_is_word(ch) for line in block for ch in line)
     unreadable = not numbers and not said_none and has_words
     return ParsedReply(body, tuple(numbers), block_unreadable=unreadable)
