@@ -92,8 +92,12 @@ async def child_session(parent_id: str, session_id: str, entry: Entry = Entry())
 
 
 async def record(session: SessionRecord, message: Message) -> Message:
-    """Store one message in a session's history (creating the session on first use)."""
-    return await runtime.get().agent.record(session, message)
+    """Store one message in a session's history (creating the session on first use; a new
+    child copies its parent's effective settings then, as `child_session` does: R-CFG-3)."""
+    rt = runtime.get()
+    if session.parent is not None and await rt.store.get_session(session.id) is None:
+        await rt.settings.create_child(session, None, None)
+    return await rt.agent.record(session, message)
 
 
 async def history(session_id: str, limit: float = math.inf) -> list[Message]:
