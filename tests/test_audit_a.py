@@ -259,3 +259,40 @@ async def test_r_cfg_3_a_child_first_seen_through_record_copies_its_parents_valu
     await rt.settings.set("compress_at", "session", parent.id, 0.9)
     assert (await rt.settings.effective("compress_at", child.id)).value == 0.35
     assert (await rt.settings.effective("history_limit", child.id)).value == 12
+
+
+# ---- the in-turn compression (README decision) and R-INJ / R-FAIL -------------------------------
+# Window 10000 at compress_at 0.5, trim ratio 0.3: E = trim budget = 1976; 30 long lines are over it.
+IN_TURN: dict[str, Any] = {
+    "chat": {"context_window": 10000},
+    "memsum_compress_at": 0.5,
+    "memsum_trim_ratio": 0.3,
+}
+
+
+async def test_r_inj_1_the_request_after_an_in_turn_compression_carries_the_new_summary(make: Make) -> None:
+    env = await make(**IN_TURN)
+    rt, model = env.rt, env.model
+    await rt.store.put_meta(SUMMARY_NAMESPACE, GROUP.id, OLD_SUMMARY)
+    await seed(rt, 30, size=120)
+    assert await rt.agent.run_turn(GROUP.id, entry=IN_GROUP) == "replied"
+    assert env.phases() == [("start", None), ("done", None)]
+    (request,) = model.chat_requests()
+    _summary_at_history_start(request, CHAT_SUMMARY)  # the new one, not OLD_SUMMARY
+    assert OLD_SUMMARY["text"] not in str(request["messages"])
+
+
+async def test_r_fail_1_a_failed_in_turn_compression_leaves_history_and_the_turn_answers(make: Make) -> None:
+    env = await make(**IN_TURN)
+    rt, model = env.rt, env.model
+    history = await seed(rt, 30, size=120)
+    model.summary_default = Reply(f"【保留原文】无\n{CHAT_SUMMARY}", finish_reason="length")
+    env.warnings.clear()
+    assert await rt.agent.run_turn(GROUP.id, entry=IN_GROUP) == "replied"
+    await settle(rt)
+    assert env.phases() == [("start", None), ("error", "摘要在输出上限处被截断")]
+    assert len(env.warnings) == 1, env.warnings
+    assert await summary_of(rt) is None
+    active = await rt.store.get_history(GROUP.id)
+    assert [m.id for m in active][:30] == [m.id for m in history]  # R-FAIL-3: nothing archived
+    assert [m.role for m in active[30:]] == ["assistant"]  # the answer, no divider
