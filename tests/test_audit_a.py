@@ -296,3 +296,33 @@ async def test_r_fail_1_a_failed_in_turn_compression_leaves_history_and_the_turn
     active = await rt.store.get_history(GROUP.id)
     assert [m.id for m in active][:30] == [m.id for m in history]  # R-FAIL-3: nothing archived
     assert [m.role for m in active[30:]] == ["assistant"]  # the answer, no divider
+
+
+async def test_r_prog_3_a_manual_run_that_starts_while_the_turn_decides_keeps_the_turn_from_running_one(
+    make: Make,
+) -> None:
+    # The turn decides to compress first (README decision) over a few reads; a /压缩 that
+    # starts between its check and its run is the one run of the session: the turn is sent
+    # trimmed instead of starting a second run beside it.
+    env = await make(**IN_TURN)
+    rt, model = env.rt, env.model
+    await seed(rt, 30, size=120)
+    gate = model.hold_summary()
+    service = rt.compression
+    decide = service.compress_at
+    manual: list[asyncio.Task[Any]] = []
+
+    async def compress_at_meanwhile(*args: Any) -> float | None:
+        if not manual:  # the turn's first question to the service: the in-turn decision
+            manual.append(asyncio.create_task(service.compress(GROUP.id)))
+            await gate.reached()
+        return await decide(*args)
+
+    service.compress_at = compress_at_meanwhile  # type: ignore[method-assign]
+    with gate:
+        assert await rt.agent.run_turn(GROUP.id, entry=IN_GROUP) == "replied"
+        assert len(model.summary_requests()) == 1  # the manual run's only
+        assert service.is_running(GROUP.id)
+    assert (await manual[0]).outcome == "done"
+    await settle(rt)
+    assert env.phases() == [("start", None), ("done", None)]

@@ -500,6 +500,8 @@ class CompressionService:
         )
         if not usage_due(facts, await self.compress_at(session_id, entry.platform, entry.platform_type)):
             return False
+        if session_id in self._runs:  # R-PROG-3: a run (a /压缩) began while this turn decided
+            return False
         result = await self._run_counted(session_id, _Run(in_turn=True, question=question))
         return result is not None and result.outcome == "done"
 
