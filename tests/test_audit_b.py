@@ -5,16 +5,18 @@ server. Each asserts concrete values the rule fixes."""
 
 from __future__ import annotations
 
+import re
 from fractions import Fraction
 from typing import Any
 
 import pytest
 
 from nonebot_plugin_memsum.agent.events import TurnEnded, UsageEvent
+from nonebot_plugin_memsum.agent.turn import Entry
 from nonebot_plugin_memsum.compression.budget import compression_line, compute_budget
 from nonebot_plugin_memsum.compression.parse import parse_reply
 from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens
-from nonebot_plugin_memsum.types import Message, ToolCall
+from nonebot_plugin_memsum.types import Message, SessionRecord, ToolCall
 from tests.fakes.llm_server import Reply
 from tests.fakes.service import (
     GROUP,
@@ -31,6 +33,9 @@ from tests.fakes.service import (
     usage,
 )
 
+PRIVATE = SessionRecord(
+    id="onebot:private:20002", platform="onebot", kind="private", peer="20002", room_class="direct"
+)
 SUMMARY = "## 最近在聊什么\n甲(1) 约了周末爬山\n## 谁有问题没回应\n无\n## 关键原话要点\n无"
 
 
@@ -321,3 +326,152 @@ async def test_r_bud_1_a_count_triggered_run_takes_its_budget_from_the_usage_lin
     assert stated(request)[0] == 2000
     assert request["max_tokens"] == 3000
     assert ended == ["replied"]
+
+
+# ---- R-TRIG-2 / R-BUD-1: both lines resolved for the entry platform ---------------------------------
+async def test_r_trig_2_the_usage_line_and_budget_follow_the_entry_platforms_tier(make: Make) -> None:
+    # Global compress_at 0.8, the group tier 0.3; chat window 10000, trim budget 8976.
+    # Group: E = min(3000, 8976) = 3000, so a usage of 3000 is due; the budget is
+    # 3000 × 0.1 = 300, lifted to the floor 1000, which E / 4 = 750 overrides.
+    # A private chat (no tier of its own): E = 8000, 3000 is not due.
+    env = await make(
+        chat={"context_window": 10000},
+        memsum_compress_at=0.8,
+        memsum_tiers={"onebot.group": {"compress_at": 0.3}},
+    )
+    rt, model = env.rt, env.model
+    await seed(rt, 30, size=120, record=PRIVATE)
+    model.chat.append(Reply("好的", usage=usage(3000)))
+    await rt.agent.run_turn(PRIVATE.id, entry=Entry("onebot", "private"))
+    await settle(rt)
+    assert model.summary_requests() == []
+    await seed(rt, 30, size=120)
+    model.chat.append(Reply("好的", usage=usage(3000)))
+    await rt.agent.run_turn(GROUP.id, entry=IN_GROUP)
+    await settle(rt)
+    (request,) = model.summary_requests()
+    assert stated(request)[0] == 750
+    assert request["max_tokens"] == 1125  # ⌈1.5 × 750⌉
+
+
+# ---- R-BUD-6: no line when the usage's trim budget is no finite positive number -------------------
+async def test_r_bud_6_usage_without_a_positive_trim_budget_gives_no_line(make: Make) -> None:
+    env = await make()
+    rt, model = env.rt, env.model
+    await seed(rt, 6, size=1000)  # over ⅔ × 4096 to compress
+    snapshot = UsageEvent(
+        session_id=GROUP.id,
+        turn_id=None,
+        platform="onebot",
+        platform_type="group",
+        model_id="test/chat",
+        window=32000,
+        trim_budget=0,
+        usage=100,
+        trimmed=False,
+        untrimmed_history=50,
+        history_messages=6,
+        history_limit=0,
+    )
+    await rt.bus.emit(snapshot)
+    await rt.compression.compress(GROUP.id)
+    # No line: what is compressed, at most ⅔ × min(4096, 32000 / 4) = 2730.67 (stated whole).
+    # With the line E = min(0.8 × 32000, …) the budget would have been 2560.
+    request = model.summary_requests()[0]
+    assert stated(request)[0] == 2730
+    assert request["max_tokens"] == 4096
+
+
+NUMBERED = re.compile(r"^#(\d+)〔约 \d+ token〕")
+
+
+# ---- R-RUN-10: chunked requests re-send the chosen units with their numbers --------------------------
+async def test_r_run_10_each_request_resends_the_previous_choice_first_with_its_number(make: Make) -> None:
+    env = await make(
+        summary={"context_window": 6000}, memsum_capacity="spec", memsum_summary_budget_ratio=0.5
+    )
+    rt, model = env.rt, env.model
+    await seed(rt, 60, size=80)
+    chosen: list[str] = []
+
+    def keep_the_last_offered(body: dict[str, Any]) -> Reply:
+        numbers = sorted(offered(body))
+        chosen.append(
+            next(p for p in conversation_of(body).split("\n\n") if p.startswith(f"#{numbers[-1]}〔"))
+        )
+        return Reply(f"【保留原文】{numbers[-1]}\n{SUMMARY}")
+
+    model.summary_default = keep_the_last_offered
+    result = await rt.compression.compress(GROUP.id)
+    requests = model.summary_requests()
+    assert len(requests) >= 3
+    for i, body in enumerate(requests[1:], start=1):
+        parts = conversation_of(body).split("\n\n")
+        assert parts[0] == chosen[i - 1]  # verbatim, with its original number and annotation
+        numbers = [int(m.group(1)) for p in parts if (m := NUMBERED.match(p))]
+        assert numbers == sorted(set(numbers))  # new units follow, in order
+        assert len(numbers) > 1
+    # The end result keeps what the last request chose, nothing else.
+    assert result.kept_messages == 1
+    active = [m for m in await rt.store.get_history(GROUP.id) if m.is_conversation]
+    assert [m.content for m in active] == [NUMBERED.sub("", chosen[-1])]
+
+
+# ---- R-RUN-12: the next compression renumbers and re-chooses the kept originals --------------------
+async def test_r_run_12_next_compression_renumbers_the_kept_and_archives_those_not_chosen_again(
+    make: Make,
+) -> None:
+    env = await make(memsum_summary_budget_ratio=0.5)
+    rt, model = env.rt, env.model
+    short = await seed(rt, 3, size=2)
+    await seed(rt, 2, start=3, size=300)
+    model.summary.append(keeping(short[1].content, short[2].content))
+    assert (await rt.compression.compress(GROUP.id)).kept_messages == 2
+    newer = await seed(rt, 2, start=10, size=300)
+    model.summary.append(keeping(short[2].content))
+    assert (await rt.compression.compress(GROUP.id)).kept_messages == 1
+    second = model.summary_requests()[1]
+    assert offered(second) == {
+        1: short[1].content,
+        2: short[2].content,
+        3: newer[0].content,
+        4: newer[1].content,
+    }
+    active = [m for m in await rt.store.get_history(GROUP.id) if m.is_conversation]
+    assert [m.id for m in active] == [short[2].id]
+    archived = {m.id for m in await rt.store.get_archived(GROUP.id)}
+    assert short[1].id in archived
+
+
+# ---- R-BACK-4: a manual success and a summary-only clear forget the back-off too -------------------
+@pytest.mark.parametrize("forget", ["manual_success", "clear_summary"])
+async def test_r_back_4_manual_success_or_summary_clear_forgets_the_back_off(make: Make, forget: str) -> None:
+    env = await make(memsum_history_limit=2)
+    rt, model = env.rt, env.model
+    model.summary_default = FAIL
+    await seed(rt, 2)
+    assert await turn(env, 100)  # due by count, fails: wait 2 judged turns
+    assert (await rt.compression.status(GROUP.id)).backoff_failures == 1
+    if forget == "manual_success":
+        model.summary.append(Reply(f"【保留原文】无\n{SUMMARY}"))
+        assert (await rt.compression.compress(GROUP.id)).outcome == "done"
+    else:
+        await rt.compression.clear(GROUP.id, "summary")
+    assert (await rt.compression.status(GROUP.id)).backoff_failures == 0
+    await seed(rt, 2, start=100)
+    assert await turn(env, 100)  # due again: no wait
+
+
+async def test_r_back_2_the_count_line_of_the_sessions_platform_tier_applies_without_usage(
+    make: Make,
+) -> None:
+    # No turn yet (no usage, no entry platform): the group's own tier still sets the count
+    # line, 6 → 3 kept at most; the earliest asked-for goes.
+    env = await make(memsum_summary_budget_ratio=0.5, memsum_tiers={"onebot.group": {"history_limit": 6}})
+    rt = env.rt
+    short = await seed(rt, 4, size=2)
+    await seed(rt, 3, start=4, size=200)
+    env.model.summary.append(keeping(*(m.content for m in short)))
+    assert (await rt.compression.compress(GROUP.id)).kept_messages == 3
+    active = [m for m in await rt.store.get_history(GROUP.id) if m.is_conversation]
+    assert [m.id for m in active] == [m.id for m in short[1:]]
