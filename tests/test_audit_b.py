@@ -475,3 +475,18 @@ async def test_r_back_2_the_count_line_of_the_sessions_platform_tier_applies_wit
     assert (await rt.compression.compress(GROUP.id)).kept_messages == 3
     active = [m for m in await rt.store.get_history(GROUP.id) if m.is_conversation]
     assert [m.id for m in active] == [m.id for m in short[1:]]
+
+
+async def test_r_run_12_count_trimming_drops_the_kept_originals_first(make: Make) -> None:
+    # Count line 4 → 2 kept originals stay. Three lines later the active conversation is 5:
+    # the agent drops one segment of ⌊4 / 2⌋ = 2, the earliest, which are the kept ones.
+    env = await make(memsum_summary_budget_ratio=0.5, memsum_history_limit=4)
+    rt = env.rt
+    short = await seed(rt, 2, size=2)
+    await seed(rt, 3, start=2, size=200)
+    env.model.summary.append(keeping(*(m.content for m in short)))
+    assert (await rt.compression.compress(GROUP.id)).kept_messages == 2
+    newer = await seed(rt, 3, start=10)
+    prompt = await rt.agent.build_prompt(GROUP.id, IN_GROUP)
+    assert prompt.conversation == 5
+    assert [m["content"] for m in prompt.messages if m["role"] == "user"] == [m.content for m in newer]
