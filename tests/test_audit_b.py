@@ -490,3 +490,21 @@ async def test_r_run_12_count_trimming_drops_the_kept_originals_first(make: Make
     prompt = await rt.agent.build_prompt(GROUP.id, IN_GROUP)
     assert prompt.conversation == 5
     assert [m["content"] for m in prompt.messages if m["role"] == "user"] == [m.content for m in newer]
+
+
+async def test_r_run_7_a_quoted_block_keeps_its_units_and_stays_out_of_the_stored_summary(make: Make) -> None:
+    env = await make(memsum_summary_budget_ratio=0.5)
+    rt, model = env.rt, env.model
+    short = await seed(rt, 3, size=2)
+    await seed(rt, 2, start=3, size=300)
+
+    def quoted(body: dict[str, Any]) -> Reply:
+        numbers = [n for n, text in offered(body).items() if text in (short[0].content, short[2].content)]
+        return Reply(f"> **【保留原文】**\n> {'、'.join(map(str, numbers))}\n\n{SUMMARY}")
+
+    model.summary.append(quoted)
+    result = await rt.compression.compress(GROUP.id)
+    assert result.kept_messages == 2
+    assert result.summary == SUMMARY
+    active = [m for m in await rt.store.get_history(GROUP.id) if m.is_conversation]
+    assert [m.id for m in active] == [short[0].id, short[2].id]
