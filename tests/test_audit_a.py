@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -326,3 +326,38 @@ async def test_r_prog_3_a_manual_run_that_starts_while_the_turn_decides_keeps_th
     assert (await manual[0]).outcome == "done"
     await settle(rt)
     assert env.phases() == [("start", None), ("done", None)]
+
+
+# ---- R-MEM-3 across processes (PostgreSQL) --------------------------------------------------
+@pytest.fixture
+async def pg_db(pg_server: Any) -> Any:
+    """A fresh database; requested before `make`, so it is dropped after the runtimes close."""
+    from tests.fakes.pgdb import fresh_database
+
+    async with fresh_database(pg_server.url()) as fresh:
+        yield fresh
+
+
+@pytest.mark.parametrize("kind", ["summary", "context"])
+async def test_r_mem_3_a_clear_in_another_process_while_the_model_thinks_cancels_the_run(
+    pg_db: str, make: Make, kind: Literal["summary", "context"]
+) -> None:
+    # Two runtimes on one PostgreSQL database stand for two bot processes: the owner clears
+    # the session on the second one's web page while the first one's run waits on the model.
+    first, second = await make(location=pg_db), await make(location=pg_db)
+    rt = first.rt
+    await rt.store.put_meta(SUMMARY_NAMESPACE, GROUP.id, OLD_SUMMARY)
+    history = await seed(rt, 4)
+    gate = first.model.hold_summary()
+    run = asyncio.create_task(rt.compression.compress(GROUP.id))
+    with gate:
+        await gate.reached()
+        await second.rt.compression.clear(GROUP.id, kind)
+    with pytest.raises(CompressionCancelled) as failed:
+        await run
+    assert failed.value.reason == CLEARED
+    assert await summary_of(rt) is None  # no new summary after the clear
+    active = await rt.store.get_history(GROUP.id)
+    assert [m.id for m in active] == ([m.id for m in history] if kind == "summary" else [])
+    assert first.phases() == [("start", None), ("error", CLEARED)]
+    assert (await rt.compression.compress(GROUP.id)).outcome == ("done" if kind == "summary" else "nothing")

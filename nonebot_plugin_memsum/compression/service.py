@@ -14,6 +14,7 @@ import contextlib
 import heapq
 import math
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -63,6 +64,9 @@ USAGE_NAMESPACE = "usage"
 hit a failing model again at once, and /摘要 shows the line it knew."""
 USAGE_WRITE_DELAY = 1.0
 """Seconds the latest usage waits in memory before it is written (with every other session's)."""
+CLEARS_NAMESPACE = "cleared"
+"""With other processes on the database: a mark each clear writes in its own transaction, so
+a run in another process sees at its commit that the session was cleared meanwhile (R-MEM-3)."""
 DUE_NAMESPACE = "compression_due"
 """A compression that is queued or running; the mark outlives a crash, so start-up resumes it."""
 DIVIDER = "对话已压缩"
@@ -167,6 +171,8 @@ class _Run:
     """Run by the session's own turn, which holds the turn lock (`make_room`)."""
     question: int | None = None
     """In a turn: the stored id of its earliest unanswered question; the span ends before it."""
+    clear_mark: Any = None
+    """The session's clear mark when the run began (CLEARS_NAMESPACE; shared stores only)."""
 
 
 def same_item(a: Message, b: Message) -> bool:
@@ -307,10 +313,10 @@ class CompressionService:
         if run is not None and (not run.committing or inside_turn):
             run.cancelled.set()
         if inside_turn:
-            await self.store.clear(session_id, kind)
+            await self._clear_store(session_id, kind)
         else:
             async with self._commit_locks.hold(session_id):
-                await self.store.clear(session_id, kind)
+                await self._clear_store(session_id, kind)
         self._summaries.pop(session_id)
         self._epoch[session_id] = self._epoch.get(session_id, 0) + 1
         await self._set_backoff(session_id, Backoff())  # R-BACK-4
@@ -319,6 +325,16 @@ class CompressionService:
             self._latest_usage.pop(session_id, None)
             await self._forget_usage(session_id)
             await self.store.delete_meta(USAGE_NAMESPACE, session_id)
+
+    async def _clear_store(self, session_id: str, kind: Literal["context", "summary"]) -> None:
+        """The clear in the store; with other processes on the database, with a new clear mark:
+        their runs of this session cannot be cancelled from here, so their commits check it."""
+        if not self.store.shared:
+            await self.store.clear(session_id, kind)
+            return
+        async with self.store.transaction() as tx:
+            await tx.clear(session_id, kind)
+            await tx.put_meta(CLEARS_NAMESPACE, session_id, uuid.uuid4().hex)
 
     async def delete_session(self, session_id: str) -> None:
         """R-MEM-2/3, R-BACK-4: cancel a run still waiting on the model (wait for one that
@@ -639,6 +655,8 @@ class CompressionService:
 
     async def _run_inner(self, session_id: str, run: _Run) -> CompressionResult:
         try:
+            if self.store.shared:  # R-MEM-3 across processes: a clear there changes the mark
+                run.clear_mark = await self.store.get_meta(CLEARS_NAMESPACE, session_id)
             snapshot = await self.store.get_history(session_id)  # R-RUN-1
         except Exception as err:  # R-PROG-2: failing before start: no events
             logger.warning(f"memsum: cannot read the history of {session_id}: {err}")
@@ -863,6 +881,11 @@ class CompressionService:
                 # everything back, the previous summary included.
                 try:
                     async with self.store.transaction() as tx:
+                        if (
+                            self.store.shared
+                            and await tx.get_meta(CLEARS_NAMESPACE, session_id) != run.clear_mark
+                        ):
+                            raise _Cleared  # R-MEM-3: another process cleared it while the model thought
                         # The history cache answers when it holds the session and no other
                         # connection wrote to the file since (it is kept in step with every write
                         # of this one, and this transaction holds the store).
