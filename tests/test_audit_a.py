@@ -1,7 +1,8 @@
 """An outside audit of R-CFG, R-TPL, R-INJ, R-MEM, R-PROG and R-FAIL: black-box scenarios
-through the service and the agent (a private runtime on a real SQLite file, the scripted
-OpenAI-compatible server on 127.0.0.1), each one a case the rule or the Chinese original
-names that the other tests do not already check."""
+through the service and the agent (a private runtime on a real SQLite file, or two on one
+PostgreSQL database standing for two bot processes; the scripted OpenAI-compatible server on
+127.0.0.1), each one a case the rule or the Chinese original names that the other tests do
+not already check."""
 
 from __future__ import annotations
 
@@ -361,3 +362,22 @@ async def test_r_mem_3_a_clear_in_another_process_while_the_model_thinks_cancels
     assert [m.id for m in active] == ([m.id for m in history] if kind == "summary" else [])
     assert first.phases() == [("start", None), ("error", CLEARED)]
     assert (await rt.compression.compress(GROUP.id)).outcome == ("done" if kind == "summary" else "nothing")
+
+
+async def test_r_mem_3_a_clear_while_the_in_turn_compression_waits_on_the_model_cancels_it(
+    make: Make,
+) -> None:
+    env = await make(**IN_TURN)
+    rt, model = env.rt, env.model
+    await seed(rt, 30, size=120)
+    gate = model.hold_summary()
+    turn = asyncio.create_task(rt.agent.run_turn(GROUP.id, entry=IN_GROUP))
+    with gate:
+        await gate.reached()
+        await rt.compression.clear(GROUP.id, "context")  # not held up by the running turn
+    assert await turn == "replied"
+    await settle(rt)
+    assert env.phases() == [("start", None), ("error", CLEARED)]
+    assert await summary_of(rt) is None
+    assert DIVIDER not in [m.content for m in await rt.store.get_archived(GROUP.id)]
+    assert (await rt.compression.status(GROUP.id)).backoff_failures == 0  # R-BACK-4: no failure
