@@ -27,6 +27,7 @@ from nonebot_plugin_memsum.types import Message, SessionRecord
 from tests.fakes.e2e import until
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.logs import captured
+from tests.fakes.service import settle
 
 PERSONA = "你是测试群里的助手小记。"
 SUMMARY = "【保留原文】无\n## 最近在聊什么\n闲聊\n## 谁有问题没回应\n无\n## 关键原话要点\n无"
@@ -289,6 +290,37 @@ async def test_interrupted_compressions_resume_oldest_due_first_and_at_most_n_at
     assert not any("群" in line for line in lines)
     for n in dues:
         assert (await rt.compression.summary(group(n).id) or {}).get("text")
+
+
+@pytest.mark.parametrize("meanwhile", ["compressed", "cleared"])
+async def test_r_trig_5_a_queued_compression_overtaken_by_a_compression_or_clear_sends_nothing(
+    make_rt: MakeRuntime, llm: ScriptedLLM, meanwhile: str
+) -> None:
+    """R-TRIG-5 for the queue: a session waiting for a free slot and compressed meanwhile (a
+    /压缩, a turn's own run) or cleared is not compressed when its slot comes, and keeps no
+    mark that a restart would run."""
+    rt = await make_rt(memsum_compress_concurrency=1)
+    now = clock.now()
+    for n in (1, 2):
+        for i in range(3):
+            await rt.agent.record(group(n), said(f"群{n}的话 {i}"))
+        await rt.store.put_meta(DUE_NAMESPACE, group(n).id, {"due": now - 10 + n})
+    llm.default = Reply(SUMMARY)
+    with llm.gate(Reply(SUMMARY), holds=lambda b: not is_chat(b) and "群1的话" in str(b)) as gate:
+        assert await rt.compression.resume() == 2
+        await gate.reached()  # group 1 holds the only slot; group 2 waits in the queue
+        if meanwhile == "compressed":
+            assert (await rt.compression.compress(group(2).id)).outcome == "done"
+        else:
+            await rt.compression.clear(group(2).id, "context")
+        await rt.agent.record(group(2), said("群2的话 之后又说了一句"))  # nothing near the line
+        gate.open()
+    await settle(rt)  # the queue's worker, group 2's turn in it included
+    assert await no_marks(rt)
+    asked = ["群2的话" in str(body) for body in llm.requests if not is_chat(body)]
+    assert asked.count(True) == (meanwhile == "compressed"), "group 2 was summarised again"
+    assert asked.count(False) == 1
+    assert (await rt.compression.summary(group(1).id) or {}).get("text")
 
 
 async def test_a_stopped_compression_keeps_its_mark_and_runs_at_the_next_start(

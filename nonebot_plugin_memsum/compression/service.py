@@ -231,7 +231,9 @@ class CompressionService:
     """仅记录 sessions whose stored history is being judged (judge_recorded)."""
     _queue: list[tuple[float, str]] = field(default_factory=list)
     """Due compressions waiting for a free slot: a heap, oldest due first."""
-    _queued: set[str] = field(default_factory=set)
+    _queued: dict[str, int] = field(default_factory=dict)
+    """The queued sessions and their epoch then: a compression or clear since makes the
+    queued run needless (R-TRIG-5: a usage overtaken by a compression or clear is not judged)."""
     _marked: set[str] = field(default_factory=set)
     """Sessions whose due mark is stored."""
     _slots: int = 0
@@ -532,7 +534,7 @@ class CompressionService:
     def _enqueue(self, session_id: str, due: float) -> None:
         if session_id in self._queued:
             return
-        self._queued.add(session_id)
+        self._queued[session_id] = self._epoch.get(session_id, 0)
         heapq.heappush(self._queue, (due, session_id))
         while self._slots < self.config.memsum_compress_concurrency and self._slots < len(self._queue):
             self._slots += 1
@@ -544,8 +546,11 @@ class CompressionService:
         try:
             while self._queue:
                 _, session_id = heapq.heappop(self._queue)
-                self._queued.discard(session_id)
-                await self._background_run(session_id)
+                epoch = self._queued.pop(session_id)
+                if epoch == self._epoch.get(session_id, 0):
+                    await self._background_run(session_id)
+                elif session_id not in self._runs:  # done or cleared meanwhile: a request saved
+                    await self._unmark_due(session_id)
         finally:
             self._slots -= 1
 
