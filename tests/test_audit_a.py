@@ -12,7 +12,15 @@ from typing import Any, Literal
 
 import pytest
 
-from nonebot_plugin_memsum.compression.service import CLEARED, DIVIDER, INJECTION_HEAD
+from nonebot_plugin_memsum.compression.service import (
+    BACKOFF_NAMESPACE,
+    CLEARED,
+    CLEARS_NAMESPACE,
+    DIVIDER,
+    DUE_NAMESPACE,
+    INJECTION_HEAD,
+    RUNS_NAMESPACE,
+)
 from nonebot_plugin_memsum.config import ConfigError, parse_config
 from nonebot_plugin_memsum.errors import CompressionCancelled, CompressionError
 from nonebot_plugin_memsum.settings import validate
@@ -381,3 +389,32 @@ async def test_r_mem_3_a_clear_while_the_in_turn_compression_waits_on_the_model_
     assert await summary_of(rt) is None
     assert DIVIDER not in [m.content for m in await rt.store.get_archived(GROUP.id)]
     assert (await rt.compression.status(GROUP.id)).backoff_failures == 0  # R-BACK-4: no failure
+
+
+async def test_r_mem_3_a_deletion_in_another_process_while_the_model_thinks_leaves_no_trace(
+    pg_db: str, make: Make
+) -> None:
+    # The owner deletes the session on the second process's web page while the first
+    # process's run waits on the model: the run ends without writing a last run, a
+    # compression row or a back-off for the session that no longer exists.
+    first, second = await make(location=pg_db), await make(location=pg_db)
+    rt = first.rt
+    await second.rt.compression.clear(GROUP.id, "summary")  # a clear mark the deletion must take too
+    await seed(rt, 4)
+    gate = first.model.hold_summary()
+    run = asyncio.create_task(rt.compression.compress(GROUP.id))
+    with gate:
+        await gate.reached()
+        await second.rt.compression.delete_session(GROUP.id)
+    with pytest.raises(CompressionCancelled) as failed:
+        await run
+    assert failed.value.reason == CLEARED
+    assert first.phases() == [("start", None), ("error", CLEARED)]
+    assert await rt.store.get_history(GROUP.id) == []
+    assert await rt.store.compressions(GROUP.id) == []
+    status = await rt.compression.status(GROUP.id)
+    assert status.last_run is None
+    assert status.backoff_failures == 0
+    namespaces = (RUNS_NAMESPACE, BACKOFF_NAMESPACE, DUE_NAMESPACE, CLEARS_NAMESPACE, SUMMARY_NAMESPACE)
+    left = [ns for ns in namespaces if GROUP.id in await rt.store.list_meta(ns)]
+    assert left == []

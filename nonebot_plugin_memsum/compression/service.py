@@ -886,15 +886,19 @@ class CompressionService:
                 # everything back, the previous summary included.
                 try:
                     async with self.store.transaction() as tx:
-                        if (
-                            self.store.shared
-                            and await tx.get_meta(CLEARS_NAMESPACE, session_id) != run.clear_mark
-                        ):
-                            raise _Cleared  # R-MEM-3: another process cleared it while the model thought
                         # The history cache answers when it holds the session and no other
                         # connection wrote to the file since (it is kept in step with every write
                         # of this one, and this transaction holds the store).
                         current = await self.store.history_in(tx, session_id)
+                        if self.store.shared:  # R-MEM-3: another process cleared or deleted it
+                            mark = await tx.get_meta(CLEARS_NAMESPACE, session_id)
+                            # A deletion takes the mark and the history with it (a clear leaves
+                            # a new mark): then the run leaves no trace, as after a local one.
+                            if mark is None and not current:
+                                run.deleted = True
+                                raise _Cleared
+                            if mark != run.clear_mark:
+                                raise _Cleared
                         head = current[: len(span)]
                         if len(head) != len(span) or not all(map(same_item, head, span)):
                             raise CompressionError(CHANGED)
