@@ -20,6 +20,7 @@ from nonebot_plugin_memsum.compression.service import (
     DUE_NAMESPACE,
     INJECTION_HEAD,
     RUNS_NAMESPACE,
+    _Run,
 )
 from nonebot_plugin_memsum.config import ConfigError, parse_config
 from nonebot_plugin_memsum.errors import CompressionCancelled, CompressionError
@@ -391,25 +392,28 @@ async def test_r_mem_3_a_clear_while_the_in_turn_compression_waits_on_the_model_
     assert (await rt.compression.status(GROUP.id)).backoff_failures == 0  # R-BACK-4: no failure
 
 
+@pytest.mark.parametrize("model", ["answers", "fails"])
 async def test_r_mem_3_a_deletion_in_another_process_while_the_model_thinks_leaves_no_trace(
-    pg_db: str, make: Make
+    pg_db: str, make: Make, model: str
 ) -> None:
     # The owner deletes the session on the second process's web page while the first
-    # process's run waits on the model: the run ends without writing a last run, a
-    # compression row or a back-off for the session that no longer exists.
+    # process's run waits on the model: whether the model then answers or fails, the run
+    # ends without writing a last run, a compression row or a back-off for the session
+    # that no longer exists.
     first, second = await make(location=pg_db), await make(location=pg_db)
     rt = first.rt
     await second.rt.compression.clear(GROUP.id, "summary")  # a clear mark the deletion must take too
     await seed(rt, 4)
-    gate = first.model.hold_summary()
-    run = asyncio.create_task(rt.compression.compress(GROUP.id))
+    down = Reply(status=500, error="upstream exploded", headers={"Retry-After": "0"})
+    gate = first.model.hold_summary(down if model == "fails" else None)
+    first.model.summary_default = down
+    run = asyncio.create_task(rt.compression._run_counted(GROUP.id, _Run()))  # as the background runs it
     with gate:
         await gate.reached()
         await second.rt.compression.delete_session(GROUP.id)
-    with pytest.raises(CompressionCancelled) as failed:
-        await run
-    assert failed.value.reason == CLEARED
-    assert first.phases() == [("start", None), ("error", CLEARED)]
+    assert await run is None
+    reason = CLEARED if model == "answers" else first.phases()[-1][1]
+    assert first.phases() == [("start", None), ("error", reason)]
     assert await rt.store.get_history(GROUP.id) == []
     assert await rt.store.compressions(GROUP.id) == []
     status = await rt.compression.status(GROUP.id)

@@ -21,7 +21,7 @@ from nonebot_plugin_memsum.store import SearchQuery, Store, StoreError, open_sto
 from nonebot_plugin_memsum.store.engine import lock_key
 from nonebot_plugin_memsum.store.migrations import MIGRATIONS
 from nonebot_plugin_memsum.store.postgres import PG_MIGRATIONS, migrate
-from nonebot_plugin_memsum.types import Message
+from nonebot_plugin_memsum.types import Message, SessionRecord
 from tests.fakes.pgdb import fresh_database, raw
 from tests.fakes.pgserver import PgServer
 
@@ -120,6 +120,26 @@ async def test_a_cached_history_shows_what_another_process_wrote(url: str) -> No
         await second.append(SID, said("提取码 k2v8"))
         [hit] = await first.search(SearchQuery(SID, "提取码"))
         assert hit.message.content == "[甲(20001)] 提取码 k2v8"
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_a_session_deleted_by_another_process_is_recorded_again(url: str) -> None:
+    # The owner deletes a group's session on the second process's web page while the group
+    # keeps talking to the first: the first process's next message stores the record again
+    # (its settings' place layer and the web page's list need it), not only the message.
+    record = SessionRecord(id=SID, platform="onebot", kind="group", place="group:1", room_class="room")
+    first, second = await open_store(url), await open_store(url)
+    try:
+        await first.save_session(record)
+        await first.append(SID, said("一"))
+        await second.delete_session(SID)
+        assert await second.get_session(SID) is None
+        again = await first.save_session(record)
+        await first.append(SID, said("二", ts=2.0))
+        assert await second.get_session(SID) == again
+        assert [m.content for m in await second.get_history(SID)] == ["[甲(20001)] 二"]
     finally:
         await first.close()
         await second.close()

@@ -614,8 +614,8 @@ class CompressionService:
         try:
             return await self._run(session_id, run)
         except (CompressionError, StoreError) as err:  # warned about in the run already
-            # R-BACK-4: a run cancelled by a clear is no failure
-            if not isinstance(err, CompressionCancelled):
+            # R-BACK-4: a run cancelled by a clear is no failure; a deleted session keeps nothing
+            if not isinstance(err, CompressionCancelled) and not run.deleted:
                 await self._set_backoff(session_id, (await self._backoff_of(session_id)).on_failure())
         except Exception:
             logger.exception(f"memsum: background compression of {session_id} crashed")
@@ -682,7 +682,7 @@ class CompressionService:
             await self._failed(session_id, run, str(err))
             raise
         except _Cleared:
-            await self._failed(session_id, run, run.reason, remember=not run.deleted)
+            await self._failed(session_id, run, run.reason)
             raise CompressionCancelled(run.reason) from None
         except StoreError as err:  # R-RUN-11: rolled back; the store's own error, as it is
             await self._failed(session_id, run, STORE_FAILED, err)
@@ -705,12 +705,14 @@ class CompressionService:
         run: _Run,
         reason: str,
         err: BaseException | None = None,
-        *,
-        remember: bool = True,
     ) -> None:
         """R-FAIL-1: one warning (with the traceback of an unexpected error), an `error` event."""
         logger.opt(exception=err).warning(f"memsum: compression of {session_id} failed: {reason}")
-        if remember:
+        if not run.deleted and self.store.shared:  # deleted by another process meanwhile?
+            with contextlib.suppress(Exception):  # a store that fails now fails the next write too
+                async with self.store.transaction() as tx:  # not the record cached here
+                    run.deleted = await tx.get_session(session_id) is None  # then no trace
+        if not run.deleted:
             await self._remember_run(session_id, LastRun(clock.now(), "error", reason, 0, 0), run)
         await self.bus.emit(CompressionProgress(session_id, "error", reason))
 

@@ -877,8 +877,10 @@ class Store:
         # Records are never changed once written (the first write wins), so a known
         # one needs no write: recording a message costs one transaction, not two.
         known = self._sessions.get(rec.id)
-        if known is not None:
+        if known is not None and not self.shared:
             return known
+        # PostgreSQL shared by processes: another one may have deleted the session since, so
+        # the record is written again (the first write still wins while it stands).
         async with self.transaction() as tx:
             stored = await tx.save_session(rec)
         self._sessions[rec.id] = stored
