@@ -257,6 +257,13 @@ class Tx:
 
     async def save_session(self, rec: SessionRecord) -> SessionRecord:
         """Insert the record if its id is new; return the stored one (the first write wins)."""
+        await self.insert_session(rec)
+        stored = await self.get_session(rec.id)
+        assert stored is not None  # inserted or already there, inside this transaction
+        return stored
+
+    async def insert_session(self, rec: SessionRecord) -> None:
+        """Insert the record if its id is new."""
         await self._fetch(
             f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (id) DO NOTHING",
@@ -271,9 +278,6 @@ class Tx:
                 rec.created or clock.now(),
             ),
         )
-        stored = await self.get_session(rec.id)
-        assert stored is not None  # inserted or already there, inside this transaction
-        return stored
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
         rows = await self._fetch(f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = ?", (session_id,))
@@ -877,10 +881,11 @@ class Store:
         # Records are never changed once written (the first write wins), so a known
         # one needs no write: recording a message costs one transaction, not two.
         known = self._sessions.get(rec.id)
-        if known is not None and not self.shared:
+        if known is not None:
+            if self.shared:  # another process may have deleted it since: then it is written again
+                async with self._statement() as tx:
+                    await tx.insert_session(known)  # as this process knows it
             return known
-        # PostgreSQL shared by processes: another one may have deleted the session since, so
-        # the record is written again (the first write still wins while it stands).
         async with self.transaction() as tx:
             stored = await tx.save_session(rec)
         self._sessions[rec.id] = stored
