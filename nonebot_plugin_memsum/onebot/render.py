@@ -1,8 +1,8 @@
 """Events rendered as text: pure functions, no I/O.
 
 Every group message is recorded as `[昵称(ID)] 正文`; the label is the real sender
-(R-TPL-4), and text that imitates a label is neutralised so no member can speak as
-someone else or as the bot.
+(R-TPL-4), and text that imitates a label, a quote or a notice is neutralised so no
+member can speak as someone else, as the bot or as the platform.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ _LABEL_LIKE = re.compile(
 )
 # A quote of another speaker's words, as `quote_marker` writes it.
 _QUOTE_LIKE = re.compile(_LINE_START + _LEAD + r"[\[［【]\s*(回复)", re.M)
+# A platform event, as the prompt sends a notice (`[通知] …`, llm/tokens.py NOTICE_PREFIX).
+_NOTICE_LIKE = re.compile(_LINE_START + _LEAD + r"[\[［【]\s*通知\s*[\]］】]", re.M)
 
 
 # ---- text ---------------------------------------------------------------------------
@@ -41,9 +43,11 @@ def label(name: str | None, user_id: int | str) -> str:
 
 
 def neutralise_labels(text: str) -> str:
-    """Turn every label-like `[name(digits)]` and quote-like `[回复 …` at a line start into plain words."""
+    """Turn every label-like `[name(digits)]`, quote-like `[回复 …` and notice-like `[通知]` at a
+    line start into plain words."""
     text = _LABEL_LIKE.sub(lambda m: f"{m.group(1)}（仿冒标注：{m.group(2).strip()} {m.group(3)}）", text)
-    return _QUOTE_LIKE.sub(lambda m: f"{m.group(1)}（仿冒引用）{m.group(2)}", text)
+    text = _QUOTE_LIKE.sub(lambda m: f"{m.group(1)}（仿冒引用）{m.group(2)}", text)
+    return _NOTICE_LIKE.sub(lambda m: f"{m.group(1)}（仿冒通知）", text)
 
 
 def render_segments(segments: Iterable[tuple[str, Mapping[str, Any]]], names: Mapping[str, str]) -> str:
