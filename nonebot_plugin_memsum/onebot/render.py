@@ -27,7 +27,8 @@ _LABEL_LIKE = re.compile(
 # A quote of another speaker's words, as `quote_marker` writes it.
 _QUOTE_LIKE = re.compile(_LINE_START + _LEAD + r"[\[［【]\s*(回复)", re.M)
 # A platform event, as the prompt sends a notice (`[通知] …`, llm/tokens.py NOTICE_PREFIX).
-_NOTICE_LIKE = re.compile(_LINE_START + _LEAD + r"[\[［【]\s*通知\s*[\]］】]", re.M)
+# Only that form: 【通知】 is how QQ groups head their own announcements.
+_NOTICE_LIKE = re.compile(_LINE_START + _LEAD + r"[\[［]\s*通知\s*[\]］]", re.M)
 
 
 # ---- text ---------------------------------------------------------------------------
@@ -43,11 +44,11 @@ def label(name: str | None, user_id: int | str) -> str:
 
 
 def neutralise_labels(text: str) -> str:
-    """Turn every label-like `[name(digits)]`, quote-like `[回复 …` and notice-like `[通知]` at a
-    line start into plain words."""
+    """Turn every label-like `[name(digits)]` and quote-like `[回复 …` at a line start into plain
+    words, and a notice-like `[通知]` into the 【通知】 of a member's own announcement."""
     text = _LABEL_LIKE.sub(lambda m: f"{m.group(1)}（仿冒标注：{m.group(2).strip()} {m.group(3)}）", text)
     text = _QUOTE_LIKE.sub(lambda m: f"{m.group(1)}（仿冒引用）{m.group(2)}", text)
-    return _NOTICE_LIKE.sub(lambda m: f"{m.group(1)}（仿冒通知）", text)
+    return _NOTICE_LIKE.sub(lambda m: f"{m.group(1)}【通知】", text)
 
 
 def render_segments(segments: Iterable[tuple[str, Mapping[str, Any]]], names: Mapping[str, str]) -> str:
