@@ -52,6 +52,7 @@ __all__ = [
     "child_session",
     "clear",
     "compress",
+    "compress_at",
     "contribute",
     "delete_session",
     "history",
@@ -136,6 +137,15 @@ async def compress(session_id: str) -> CompressionResult:
     inside this session's own turn), or StoreError when the commit could not be written
     (rolled back, R-RUN-11)."""
     return await runtime.get().compression.compress(session_id)
+
+
+async def compress_at(
+    session_id: str, platform: str | None = None, platform_type: str | None = None
+) -> float | None:
+    """The session's automatic compression line in force (a fraction of the window), None
+    when it is 0 (R-CFG-4). `platform` / `platform_type`: the platform a session without a
+    birth platform came in through, which picks its tiers (R-CFG-2)."""
+    return await runtime.get().compression.compress_at(session_id, platform, platform_type)
 
 
 async def clear(session_id: str, kind: Literal["context", "summary"] = "context") -> None:
