@@ -542,3 +542,37 @@ async def test_r_bud_4_keep_cap_is_a_ratio_of_the_new_conversation_not_of_the_ol
     assert budget > 1000  # the old summary lifted it over the floor
     assert keep_cap == math.floor(Fraction(1, 10) * content)
     assert offered(request) == {}  # nothing fits so small a cap
+
+
+# ---- R-TPL-5 + R-RUN-7: a "#3" or a #hashtag in a section's body is not a section --------------
+TAGGED = (
+    "## 最近在聊什么\n#原神 新版本：甲(1) 问大家抽没抽到\n"
+    "## 谁有问题没回应\n无\n## 关键原话要点\n#3 是周六：乙(2) 说周六 8 点集合"
+)
+
+
+async def test_r_tpl_5_a_summary_whose_body_has_hash_numbers_or_tags_is_merged_not_folded(env: Env) -> None:
+    # The original expects "#数字" inside the summary body (R-RUN-7: not a number to keep) and
+    # QQ topics are written as #话题: such a body line is text, not a heading. The summary has
+    # exactly the chat template's sections, so the next compression merges into them.
+    rt, model = env.rt, env.model
+    await seed(rt, 3)
+    model.summary.append(Reply(f"【保留原文】无\n{TAGGED}"))
+    await rt.compression.compress(GROUP.id)
+    await seed(rt, 3, start=3)
+    await rt.compression.compress(GROUP.id)
+    second = model.summary_requests()[1]
+    assert existing_summary_of(second) == TAGGED
+    assert "请在同名小节上合并更新" in user_of(second)
+    assert "按意思归入" not in user_of(second)
+
+
+def test_r_tpl_5_glued_section_titles_still_count_and_glued_body_tags_do_not() -> None:
+    from nonebot_plugin_memsum.compression.templates import has_template_sections
+
+    glued = "##目标\n写周报\n##做过的决定\n无\n##改过的文件\n无\n##未完成的事：\n#2 那条还没做"
+    assert has_template_sections(glued, WORK)
+    assert has_template_sections(TAGGED, CHAT)
+    # A spaced heading outside the template is still another structure: fold.
+    assert not has_template_sections(TAGGED + "\n## 杂项\n无", CHAT)
+    assert not has_template_sections(TAGGED, WORK)

@@ -68,18 +68,26 @@ def choose_template(record: SessionRecord | None, is_owner: Callable[[str], bool
 
 
 _HEADING = re.compile(
-    r"^\s*(?:(?P<hashes>[#＃]{1,6})\s*(?P<atx>.+?)\s*[#＃]*|\*\*(?P<bold>[^*]+?)\*\*\s*[:：]?)\s*$"
+    r"^\s*(?:(?P<hashes>[#＃]{1,6})(?P<gap>\s*)(?P<atx>.+?)\s*[#＃]*"
+    r"|\*\*(?P<bold>[^*]+?)\*\*\s*[:：]?)\s*$"
 )
 _BOLD_RANK = 7  # a whole-line bold title ranks below every `#` level
 
 
-def _headings(summary: str) -> list[tuple[str, int]]:
-    """A summary's headings in order, as (title, rank): `#` count, or 7 for whole-line bold."""
+def _headings(summary: str, titles: tuple[str, ...]) -> list[tuple[str, int]]:
+    """A summary's headings in order, as (title, rank): `#` count, or 7 for whole-line bold.
+
+    `#` glued to its text is a heading only when the text is one of `titles` (a model may
+    write `##目标`): otherwise it is body text, such as a `#3` the summary refers to
+    (R-RUN-7) or a QQ topic `#话题`, and no section outside the template (R-TPL-5).
+    """
     found: list[tuple[str, int]] = []
     for line in summary.splitlines():
         m = _HEADING.match(line)
         if m:
             title = (m.group("atx") or m.group("bold") or "").strip("*:： \t")
+            if m.group("hashes") and not m.group("gap") and title not in titles:
+                continue
             if title:
                 found.append((title, len(m.group("hashes")) if m.group("hashes") else _BOLD_RANK))
     return found
@@ -93,7 +101,7 @@ def has_template_sections(summary: str, template: Template) -> bool:
     it comes after the first section and ranks below every section heading. A heading
     before the first section or at a section's rank is a section outside the template.
     """
-    headings = _headings(summary)
+    headings = _headings(summary, template.titles)
     sections = [(i, rank) for i, (title, rank) in enumerate(headings) if title in template.titles]
     if {headings[i][0] for i, _ in sections} != set(template.titles):
         return False
