@@ -13,7 +13,7 @@ import pytest
 
 from nonebot_plugin_memsum import clock, usage
 from nonebot_plugin_memsum.config import ConfigError, parse_config
-from nonebot_plugin_memsum.web import auth
+from nonebot_plugin_memsum.web import auth, views
 from nonebot_plugin_memsum.web.app import STATIC
 from tests.fakes.llm_server import API_KEY, Gate, Reply
 from tests.fakes.web import (
@@ -393,6 +393,27 @@ async def test_clear_context_only_when_confirmed(env: WebEnv, owner: httpx.Async
     assert (
         await owner.post(f"api/sessions/{G}/clear", json={"kind": "all", "confirm": True})
     ).status_code == 422
+
+
+def test_summary_sections_are_the_template_sections_however_the_model_heads_them() -> None:
+    # R-TPL-1/2: the page cuts a summary at its template's sections, whether the model wrote
+    # them as the prompt asks (`## 标题`), glued (`##标题`), in bold or in 【】; a topic
+    # sub-heading, a `#3` the summary refers to and a QQ `#话题` stay in the body.
+    work = "前言\n##目标\n修登录\n**做过的决定**\n用 JWT\n## 改过的文件\n#3 改了 auth.py\n【未完成的事】\n无"
+    assert [(s["title"], s["body"]) for s in views.summary_sections(work)] == [
+        ("", "前言"),
+        ("目标", "修登录"),
+        ("做过的决定", "用 JWT"),
+        ("改过的文件", "#3 改了 auth.py"),
+        ("未完成的事", "无"),
+    ]
+    chat = "## 最近在聊什么\n### 原神\n#原神 新版本\n## 谁有问题没回应\n无"
+    assert views.summary_sections(chat) == [
+        {"title": "最近在聊什么", "body": "### 原神\n#原神 新版本"},
+        {"title": "谁有问题没回应", "body": "无"},
+    ]
+    assert views.summary_sections("只有一段话") == [{"title": "", "body": "只有一段话"}]
+    assert views.summary_sections(None) == []
 
 
 # ---- what the page never does --------------------------------------------------------------

@@ -81,16 +81,18 @@ def _headings(summary: str, titles: tuple[str, ...]) -> list[tuple[str, int]]:
     write `##目标`): otherwise it is body text, such as a `#3` the summary refers to
     (R-RUN-7) or a QQ topic `#话题`, and no section outside the template (R-TPL-5).
     """
-    found: list[tuple[str, int]] = []
-    for line in summary.splitlines():
-        m = _HEADING.match(line)
-        if m:
-            title = (m.group("atx") or m.group("bold") or "").strip("*:： \t")
-            if m.group("hashes") and not m.group("gap") and title not in titles:
-                continue
-            if title:
-                found.append((title, len(m.group("hashes")) if m.group("hashes") else _BOLD_RANK))
-    return found
+    return [h for line in summary.splitlines() if (h := heading(line, titles)) is not None]
+
+
+def heading(line: str, titles: tuple[str, ...]) -> tuple[str, int] | None:
+    """The line as a heading (title, rank), or None when it is body text (see `_headings`)."""
+    m = _HEADING.match(line)
+    if m is None:
+        return None
+    title = (m.group("atx") or m.group("bold") or "").strip("*:： \t")
+    if not title or (m.group("hashes") and not m.group("gap") and title not in titles):
+        return None
+    return title, len(m.group("hashes")) if m.group("hashes") else _BOLD_RANK
 
 
 def has_template_sections(summary: str, template: Template) -> bool:

@@ -14,6 +14,7 @@ from dataclasses import asdict, fields
 from typing import Any
 
 from nonebot_plugin_memsum.compression.budget import compression_line
+from nonebot_plugin_memsum.compression.templates import CHAT, WORK, heading
 from nonebot_plugin_memsum.config import Config, ModelConfig
 from nonebot_plugin_memsum.settings import MODE_WORDS, SETTING_NAMES, place_key, resolve, tier_keys
 from nonebot_plugin_memsum.store import UsageRow
@@ -29,7 +30,8 @@ SETTING_TITLES = {
     "daily_token_cap": "每日限额",
 }
 _RUN_FIELDS = tuple(f.name for f in fields(CompressionRecord))
-_SECTION = re.compile(r"^\s*【([^】\n]{1,40})】\s*$", re.M)
+_TITLES = CHAT.titles + WORK.titles
+_BRACKETED = re.compile(r"^\s*【([^】\n]{1,40})】\s*$")
 
 
 def setting_text(name: str, value: Any) -> str:
@@ -67,18 +69,26 @@ def session_title(sid: str, record: SessionRecord | None, names: Mapping[str, st
 
 
 def summary_sections(text: str | None) -> list[dict[str, str]]:
-    """The summary cut at its 【标题】 lines; text before the first heading is a section
-    without a title."""
+    """The summary cut at its section headings: a template's section title written as the
+    prompt asks (`## 标题`), at another `#` level, in bold or as 【标题】; any other heading
+    (a topic's `### 话题`) stays in its section's body. Text before the first heading is a
+    section without a title."""
     if not text:
         return []
     sections: list[dict[str, str]] = []
-    heads = list(_SECTION.finditer(text))
-    lead = text[: heads[0].start()] if heads else text
-    if lead.strip():
-        sections.append({"title": "", "body": lead.strip()})
-    for i, head in enumerate(heads):
-        end = heads[i + 1].start() if i + 1 < len(heads) else len(text)
-        sections.append({"title": head.group(1).strip(), "body": text[head.end() : end].strip()})
+    title, body = "", []
+    for line in text.splitlines():
+        bracketed = _BRACKETED.match(line)
+        head = heading(line, _TITLES)
+        found = bracketed.group(1).strip() if bracketed else head[0] if head else None
+        if found in _TITLES:
+            if title or "".join(body).strip():
+                sections.append({"title": title, "body": "\n".join(body).strip()})
+            title, body = found, []
+        else:
+            body.append(line)
+    if title or "".join(body).strip():
+        sections.append({"title": title, "body": "\n".join(body).strip()})
     return sections
 
 

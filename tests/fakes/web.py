@@ -31,9 +31,11 @@ GROUP_NAME = "爬山小队<b>粗体</b>"
 HTML = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
 """A member's message that would run if the page ever put chat text in as HTML."""
 SUMMARY = (
-    "【最近在聊什么】\n周末去爬山，" + HTML + "\n【谁有问题没回应】\n无\n【关键原话要点】\n"
-    "集合时间周六八点\n【保留原文】\n3"
+    "【保留原文】3\n## 最近在聊什么\n### 爬山\n周末去爬山，" + HTML + "\n## 谁有问题没回应\n无\n"
+    "## 关键原话要点\n集合时间周六八点，#3 说的"
 )
+"""Written as the summary prompt asks (R-TPL-4): the keep line first, then the chat
+template's sections as Markdown second-level headings, a topic as a sub-heading."""
 WINDOW = 8000
 T0 = time.time() - 3 * 3600
 """The seeded conversation starts three hours ago."""
