@@ -154,6 +154,26 @@ async def test_r_run_2_keeping_a_tool_group_or_the_message_inside_it_archives_on
     assert ids(await rt.store.get_archived(GROUP.id)) == ids([*archived, *tail])  # storage order
 
 
+# ---- R-RUN-3: a tool call id reused by the provider ---------------------------------------------
+async def test_r_run_3_a_result_is_named_by_the_call_it_answers_when_a_later_call_reuses_its_id(
+    env: Env,
+) -> None:
+    """Some OpenAI-compatible servers number tool calls per reply ("call_0" every turn): the
+    name comes from the call whose result it is, not from the last call with that id."""
+    rt, model = env.rt, env.model
+    await put(env, role="user", content="[甲(1)] 北京天气", ts=1.0)
+    await put(env, role="assistant", content="", tool_calls=(ToolCall("call_0", "weather", "{}"),), ts=2.0)
+    await put(env, role="tool", content="晴", tool_call_id="call_0", ts=3.0)
+    await put(env, role="user", content="[甲(1)] 几点了", ts=4.0)
+    await put(env, role="assistant", content="", tool_calls=(ToolCall("call_0", "clock", "{}"),), ts=5.0)
+    await put(env, role="tool", content="十点", tool_call_id="call_0", ts=6.0)
+    await rt.compression.compress(GROUP.id)
+    (request,) = model.summary_requests()
+    text = conversation_of(request)
+    assert "调用 weather({})\n工具结果(weather): 晴" in text
+    assert "调用 clock({})\n工具结果(clock): 十点" in text
+
+
 # ---- R-RUN-8: what the reply may list ---------------------------------------------------------------
 async def test_r_run_8_duplicates_zero_and_numbers_out_of_range_keep_each_offered_unit_once(
     make: Make,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import ChainMap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -197,7 +198,10 @@ def build_units(span: Sequence[Message]) -> list[Unit]:
         if results is not None:
             indexes = (i, *results)
             messages = tuple(span[j] for j in indexes)
-            units.append(Unit(indexes, messages, groups.complete[i], render_unit(messages, tool_names)))
+            # R-RUN-3: a grouped result is named by the call it answers; an id a provider
+            # reuses across turns ("call_0") must not take another call's name.
+            names = ChainMap({c.id: c.name for c in m.tool_calls}, tool_names)
+            units.append(Unit(indexes, messages, groups.complete[i], render_unit(messages, names)))
         elif i not in groups.member:  # else a result, already in its group
             # A lone tool result cannot be kept verbatim.
             units.append(Unit((i,), (m,), m.role != "tool", render_message(m, tool_names)))
