@@ -174,6 +174,21 @@ async def test_r_run_3_a_result_is_named_by_the_call_it_answers_when_a_later_cal
     assert "调用 clock({})\n工具结果(clock): 十点" in text
 
 
+async def test_r_run_3_a_lone_result_is_not_named_by_a_later_call_that_reuses_its_id(env: Env) -> None:
+    """A result whose call was archived by an earlier compression is alone in the span: a later
+    call with the same id is not its call, so its own name is the fallback."""
+    rt, model = env.rt, env.model
+    await put(env, role="tool", content="晴", tool_call_id="call_0", name="weather", ts=1.0)
+    await put(env, role="user", content="[甲(1)] 几点了", ts=2.0)
+    await put(env, role="assistant", content="", tool_calls=(ToolCall("call_0", "clock", "{}"),), ts=3.0)
+    await put(env, role="tool", content="十点", tool_call_id="call_0", ts=4.0)
+    await rt.compression.compress(GROUP.id)
+    (request,) = model.summary_requests()
+    parts = conversation_of(request).split("\n\n")
+    assert parts[0] == "工具结果(weather): 晴"  # a lone result: not numbered either
+    assert parts[-1].endswith("调用 clock({})\n工具结果(clock): 十点")
+
+
 # ---- R-RUN-8: what the reply may list ---------------------------------------------------------------
 async def test_r_run_8_duplicates_zero_and_numbers_out_of_range_keep_each_offered_unit_once(
     make: Make,

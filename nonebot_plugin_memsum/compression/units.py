@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections import ChainMap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -187,8 +186,10 @@ def build_units(span: Sequence[Message]) -> list[Unit]:
     and its results come after it, each a unit of its own. System messages and event
     markers are not units.
     """
-    # R-RUN-3: the tool name comes from the span's calls; a result's own name is the fallback.
-    tool_names = {c.id: c.name for m in span if m.role == "assistant" for c in m.tool_calls}
+    # R-RUN-3: the tool name comes from the span's calls (a grouped result's from the call it
+    # answers, a lone one's from the latest call with its id stored before it: a provider
+    # may reuse ids across turns, "call_0"); a result's own name is the fallback.
+    earlier: dict[str, str] = {}
     groups = _group_tool_calls(span)
     units: list[Unit] = []
     for i, m in enumerate(span):
@@ -198,13 +199,12 @@ def build_units(span: Sequence[Message]) -> list[Unit]:
         if results is not None:
             indexes = (i, *results)
             messages = tuple(span[j] for j in indexes)
-            # R-RUN-3: a grouped result is named by the call it answers; an id a provider
-            # reuses across turns ("call_0") must not take another call's name.
-            names = ChainMap({c.id: c.name for c in m.tool_calls}, tool_names)
+            earlier.update((c.id, c.name) for c in m.tool_calls)
+            names = {c.id: c.name for c in m.tool_calls}
             units.append(Unit(indexes, messages, groups.complete[i], render_unit(messages, names)))
         elif i not in groups.member:  # else a result, already in its group
             # A lone tool result cannot be kept verbatim.
-            units.append(Unit((i,), (m,), m.role != "tool", render_message(m, tool_names)))
+            units.append(Unit((i,), (m,), m.role != "tool", render_message(m, earlier)))
     return units
 
 
