@@ -488,3 +488,44 @@ async def test_r_fail_1_without_a_finish_reason_the_summary_is_taken(env: Env) -
     assert result.outcome == "done"
     assert (await summary_of(rt) or {}).get("text") == CHAT_SUMMARY
     assert env.phases() == [("start", None), ("done", None)]
+
+
+# ---- R-PROG-1 / R-FAIL-1: a run that ends unfinished reports `error` --------------------------------
+async def test_r_prog_1_an_in_turn_run_stopped_with_the_bot_reports_error_and_leaves_everything(
+    make: Make,
+) -> None:
+    # The bot stops while a turn's own compression (every turn here would be hard-trimmed)
+    # waits on the model: the turn is aborted, and its run with it. The run did not succeed,
+    # so after its `start` comes `error` (「压成才报 done」; every other end is `error`), with
+    # one warning and nothing written.
+    env = await make(**IN_TURN)
+    rt = env.rt
+    await rt.store.put_meta(SUMMARY_NAMESPACE, GROUP.id, OLD_SUMMARY)
+    await seed(rt, 30, size=120)
+    before = await rt.store.get_history(GROUP.id)
+    gate = env.model.hold_summary()
+    turn = asyncio.create_task(rt.agent.run_turn(GROUP.id, entry=IN_GROUP))
+    with gate:
+        await gate.reached()
+        env.warnings.clear()
+        turn.cancel()  # as Agent.shutdown aborts the running turns, before the compression stops
+        with pytest.raises(asyncio.CancelledError):
+            await turn
+    assert [p for p, _ in env.phases()] == ["start", "error"]
+    assert len(env.failure_warnings()) == 1
+    assert await summary_of(rt) == OLD_SUMMARY
+    assert await rt.store.get_history(GROUP.id) == before
+    assert not rt.compression.is_running(GROUP.id)
+
+
+async def test_r_prog_1_a_run_abandoned_by_its_caller_reports_error(env: Env) -> None:
+    # Another plugin gives api.compress one second (asyncio.wait_for): the run is cancelled
+    # while the model thinks. Its `start` must not stay without an end.
+    rt = env.rt
+    await seed(rt, 4)
+    gate = env.model.hold_summary()
+    with gate:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(rt.compression.compress(GROUP.id), 1.0)
+    assert [p for p, _ in env.phases()] == ["start", "error"]
+    assert len(env.failure_warnings()) == 1

@@ -74,6 +74,7 @@ BUSY = "这个会话正在压缩"
 CLEARED = "压缩期间会话被清空"
 CHANGED = "压缩期间历史被改动"
 STOPPED = "机器人正在关闭，压缩已取消"
+ABANDONED = "压缩被中途取消"
 IN_TURN = "不能在本会话正在进行的回合里压缩它，请在回合结束后再压缩"
 STORE_FAILED = "存储出错，压缩已回滚"
 # R-INJ-2: fixed, whatever the session.
@@ -684,6 +685,12 @@ class CompressionService:
         except _Cleared:
             await self._failed(session_id, run, run.reason)
             raise CompressionCancelled(run.reason) from None
+        except asyncio.CancelledError:
+            # R-PROG-1: a run that reported `start` and did not succeed ends with `error`, also
+            # when the task running it is cancelled (a turn aborted as the bot stops, a caller's
+            # timeout); the commit's transaction has rolled back. No back-off: no failure.
+            await self._failed(session_id, run, run.reason if run.cancelled.is_set() else ABANDONED)
+            raise
         except StoreError as err:  # R-RUN-11: rolled back; the store's own error, as it is
             await self._failed(session_id, run, STORE_FAILED, err)
             raise
