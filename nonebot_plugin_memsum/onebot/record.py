@@ -19,7 +19,15 @@ from nonebot_plugin_memsum.types import Message, SessionRecord
 
 from . import names, recovery
 from .notices import card_change, notice_text, people
-from .render import excerpt, labelled, neutralise_labels, quote_marker, render_segments, segments_of
+from .render import (
+    AT_EVERYONE,
+    excerpt,
+    labelled,
+    neutralise_labels,
+    quote_marker,
+    render_segments,
+    segments_of,
+)
 from .sessions import group_record, private_record
 from .state import Arrival
 
@@ -108,7 +116,10 @@ def _mentioned(segments: Iterable[tuple[str, Mapping[str, Any]]]) -> list[str]:
     return [
         qq
         for kind, data in segments
-        if kind == "at" and (qq := str(data.get("qq", ""))).isdigit() and not data.get("name")
+        if kind == "at"
+        and (qq := str(data.get("qq", ""))).isdigit()
+        and qq not in AT_EVERYONE
+        and not data.get("name")
     ]
 
 

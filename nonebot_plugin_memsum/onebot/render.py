@@ -16,6 +16,9 @@ from nonebot.adapters.onebot.v11 import Message as OBMessage
 from .segments import placeholder
 
 MAX_NAME = 32
+AT_EVERYONE = frozenset({"all", "0"})
+"""`at` targets meaning everyone: "all" (OneBot v11), "0" (Lagrange sends QQ's own uin 0:
+LagrangeDev/Lagrange.Core Lagrange.OneBot/Message/Entity/AtSegment.cs, issue #797)."""
 # `[name(12345)]`, also with full-width brackets/parentheses, at the start of a line.
 # A line starts after any line break a model may read as one, and invisible characters
 # (zero-width space, direction marks, BOM) in front do not hide a forgery.
@@ -59,7 +62,7 @@ def render_segments(segments: Iterable[tuple[str, Mapping[str, Any]]], names: Ma
             out.append(str(data.get("text", "")))
         elif kind == "at":
             qq = str(data.get("qq", ""))
-            if qq == "all":
+            if qq in AT_EVERYONE:
                 out.append("@全体成员")
             else:
                 out.append(f"@{clean_name(data.get('name') or names.get(qq), qq)}({qq})")
