@@ -81,6 +81,7 @@ class FastPath:
         self._ticket = ticket
         self._dispatch: Callable[[Bot, Event], Awaitable[None]] = nonebot.message.handle_event
         self._hook = self.handle_event
+        self._bot_handle_event: Callable[[Bot, Event], Awaitable[None]] | None = None
 
     def others(self, kind: str, route: Route) -> list[str]:
         """Who else would see an event of this type in NoneBot's dispatch (none: the fast path may run)."""
@@ -138,8 +139,24 @@ class FastPath:
             return
         logger.opt(colors=True).success(f"<m>{escape_tag(bot.type)} {escape_tag(bot.self_id)}</m> | {line}")
 
+    def _ticket_on_arrival(self, handle: Callable[[Bot, Event], Awaitable[None]]) -> Any:
+        """`Bot.handle_event` taking the event's arrival ticket before the adapter's own
+        preprocessing: a message with a reply segment waits there for `get_msg` (NapCat,
+        Lagrange: a round trip; a failure for a message no longer cached), and the
+        messages that came after it must not be stored before it."""
+        ticket = self._ticket
+
+        async def handle_event(bot: Bot, event: Event) -> None:
+            async with ticket(event):
+                await handle(bot, event)
+
+        return handle_event
+
     async def install(self) -> None:
         """At start-up, when every plugin is loaded: one line says which way each type goes."""
+        if self._bot_handle_event is None:
+            self._bot_handle_event = Bot.handle_event
+            Bot.handle_event = self._ticket_on_arrival(Bot.handle_event)  # type: ignore[method-assign]
         current = getattr(adapter_bot, _HOOKED)
         if current == self._hook:
             return
@@ -156,6 +173,9 @@ class FastPath:
         logger.info(f"memsum: event dispatch: {'; '.join(ways)}")
 
     async def uninstall(self) -> None:
+        if self._bot_handle_event is not None:
+            Bot.handle_event = self._bot_handle_event  # type: ignore[method-assign]
+            self._bot_handle_event = None
         if getattr(adapter_bot, _HOOKED) == self._hook:
             setattr(adapter_bot, _HOOKED, self._dispatch)
 
