@@ -23,6 +23,8 @@ from typing import Any
 
 from nonebot import get_driver
 from nonebot.adapters.onebot.v11 import Adapter, Bot, GroupMessageEvent, MessageEvent, PrivateMessageEvent
+from nonebot.adapters.onebot.v11.event import Reply
+from nonebot.compat import type_validate_python
 from nonebot.log import logger
 
 from nonebot_plugin_memsum import clock, runtime
@@ -150,6 +152,8 @@ def addresses_bot(event: MessageEvent, self_id: str, nicknames: Iterable[str]) -
     message, an @ of the bot, or a group message that starts with one of its nicknames."""
     if isinstance(event, PrivateMessageEvent):
         return True
+    if event.reply is not None and str(event.reply.sender.user_id) == self_id:
+        return True  # a reply to one of the bot's messages, as the adapter's `_check_reply` says
     message = event.original_message
     if any(seg.type == "at" and str(seg.data.get("qq", "")) == self_id for seg in message):
         return True
@@ -321,9 +325,23 @@ async def _record_fetched(bot: Bot, event: MessageEvent) -> bool | None:
     if is_command(event, get_driver().config.command_start, COMMAND_NAMES):
         return None
     rt = runtime.get()
+    await _resolve_reply(bot, event)
     asks = addresses_bot(event, bot.self_id, rt.nicknames)
     _, msg = await record_message(bot, event, addressed=asks, said_at=float(event.time), fetched=True)
     return None if msg is None else asks
+
+
+async def _resolve_reply(bot: Bot, event: MessageEvent) -> None:
+    """The quoted message of a fetched reply, as the adapter looks it up for a live one
+    (nonebot/adapters/onebot/v11/bot.py `_check_reply`: `get_msg` of the reply segment's id),
+    so a fetched reply is quoted like a live one and a reply to the bot asks it."""
+    segment = next((seg for seg in event.original_message if seg.type == "reply"), None)
+    if segment is None or event.reply is not None:
+        return
+    try:
+        event.reply = type_validate_python(Reply, await bot.get_msg(message_id=int(segment.data["id"])))
+    except Exception as err:  # no longer cached by the implementation: recorded without the quote
+        logger.debug(f"memsum: quoted message of a fetched reply not available: {type(err).__name__}")
 
 
 async def _pending(bot: Bot, session_id: str | None = None) -> list[tuple[str, Any]]:
