@@ -79,8 +79,12 @@ def excerpt(text: str, limit: int = 30) -> str:
     return one_line if len(one_line) <= limit else one_line[:limit] + "…"
 
 
+# A quoted excerpt cannot close its marker and go on as another speaker's label.
+_QUOTE_BRACKETS = str.maketrans("[]［］", "〔〕〔〕")
+
+
 def quote_marker(name: str | None, user_id: int | str, text: str) -> str:
-    return f"[回复 {clean_name(name, str(user_id))}({user_id})：{excerpt(text)}] "
+    return f"[回复 {clean_name(name, str(user_id))}({user_id})：{excerpt(text).translate(_QUOTE_BRACKETS)}] "
 
 
 def labelled(name: str | None, user_id: int | str, body: str, quote: str = "") -> str:
