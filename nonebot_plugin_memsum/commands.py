@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import re
 import time
+import unicodedata
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import tzinfo
@@ -155,10 +156,16 @@ def setting_text(name: SettingName, resolved: Resolved, status: SessionStatus) -
     return f"{head}；当前 {status.active_messages} 条"
 
 
+def typed(word: str) -> str:
+    """A word as typed with a Chinese input method in full-width mode (「０．５」, 「７天」)
+    read as its ASCII spelling."""
+    return unicodedata.normalize("NFKC", word)
+
+
 def parse_setting(name: SettingName, word: str) -> float | int:
     """A value typed in chat, checked against the allowed range (ValueError in Chinese)."""
     try:
-        number = float(word)
+        number = float(typed(word))
     except ValueError:
         number = math.nan  # malformed: refused with the same range message as out of range
     value = validate(name, number)
@@ -282,7 +289,7 @@ async def _persona(call: _Call) -> str:
 async def _usage(call: _Call) -> str:
     """This place's usage and cost in a period; a superuser in private also gets the top places."""
     rt = runtime.get()
-    period = "".join(call.args) or "今天"
+    period = typed("".join(call.args)) or "今天"
     if period not in usage.PERIODS:
         return "用法：/用量 [今天|7天|30天|全部]"
     since = usage.period_start(period, clock.now(), rt.controls.zone)
