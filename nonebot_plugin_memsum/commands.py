@@ -355,6 +355,9 @@ async def _clear(call: _Call) -> str:
 async def _clear_context(call: _Call) -> str:
     # R-MEM-2/3: also drops the summary and cancels a compression still waiting on the model.
     await runtime.get().compression.clear(call.record.id, "context")
+    # A question about the context just cleared is settled: a later 「确认」 is chat again.
+    for key in [key for key in _pending if key[0] == call.record.id]:
+        del _pending[key]
     logger.info(f"memsum: {call.event.user_id} cleared the context of {call.record.id}")
     return "已清除本会话的上下文和摘要。"
 
