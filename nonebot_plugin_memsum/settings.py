@@ -116,7 +116,7 @@ def validate(name: SettingName, value: Value) -> Value:
     if name == "compress_at":
         if not 0 <= float(value) <= 1:
             raise ValueError("压缩线须在 0 到 1 之间（0 表示不按用量压缩）")
-        return float(value)
+        return float(value) + 0.0  # 「-0」 is 0, shown as 0
     number = float(value)
     if not number.is_integer() or not 0 <= number <= 100000:
         raise ValueError("条数线须是 0 到 100000 之间的整数（0 表示不按条数压缩）")
