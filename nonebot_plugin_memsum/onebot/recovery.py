@@ -281,6 +281,9 @@ async def _backfill(bot: Bot, account: Account, sid: str, last: float) -> int:
     kind, target = _target(sid)
     if kind is None or HISTORY_ACTIONS[kind] in account.unsupported:
         return 0
+    record = group_record(bot.self_id, target) if kind == "group" else private_record(bot.self_id, target)
+    if await runtime.get().controls.mode(record) == "off":
+        return 0  # 关: what the place said, while off or while away, is not ours to record
     action = HISTORY_ACTIONS[kind]
     count = runtime.get().config.memsum_backfill_count
     try:
