@@ -1,0 +1,143 @@
+"""A third outside audit of the owner's commands and controls (issues 5 and 10) as QQ users
+meet them: odd arguments (full-width digits and points, signs, words after a value), a
+question that another clear already settled, and a 关 place across a reconnect.
+
+In-process scenarios go through NoneBot (nonebug) with the plugin's real SQLite store;
+the reconnect runs bot.py with the OneBot simulator over a real WebSocket."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from nonebug import App
+
+from nonebot_plugin_memsum import runtime
+from nonebot_plugin_memsum.onebot import group_record
+from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE
+from nonebot_plugin_memsum.usage import CAP_NOTE
+from tests.fakes.botproc import BotProcess
+from tests.fakes.commands import ALLOWED_ANSWER, NO_USAGE
+from tests.fakes.e2e import connected, group_sid, query, until, wait_log
+from tests.fakes.llm_server import ScriptedLLM
+from tests.fakes.nonebug import SELF_ID, group_msg, history, new_group, run, seed
+from tests.fakes.onebot import SEND_ACTIONS, plain_text
+
+ASK = str(ALLOWED_ANSWER["/清除"])
+CLEARED = "已清除本会话的上下文和摘要。"
+LINE_RANGE = "没有修改：压缩线须在 0 到 1 之间（0 表示不按用量压缩）。"
+
+
+async def stored_setting(scope: str, key: str, name: str) -> object:
+    return (await runtime.get().store.get_settings(scope, key)).get(name)
+
+
+# ---- values typed with a Chinese input method -------------------------------------------
+async def test_r_cfg_2_a_line_typed_in_full_width_digits_and_point_is_that_number(app: App) -> None:
+    # A Chinese IME in full-width mode types 「０．５」; 「０.５」 was already read as 0.5,
+    # so refusing the all-full-width spelling of the same number is only confusing.
+    group = new_group()
+    sid = group_record(SELF_ID, group).id
+    await run(
+        app,
+        group_msg("/压缩线 ０．５", group),
+        f"已将本会话的压缩线设为 0.5。\n现在：压缩线 0.5（本会话）；{NO_USAGE}",
+    )
+    assert await stored_setting("session", sid, "compress_at") == 0.5
+    await run(
+        app,
+        group_msg("/条数线　群　８０", group),  # full-width spaces too
+        "已将本群的条数线设为 80。\n现在：条数线 80（本群）；当前 0 条",
+    )
+    assert await stored_setting("place", f"onebot:group:{group}", "history_limit") == 80
+
+
+async def test_a_cap_and_a_period_typed_in_full_width_digits_are_read(app: App) -> None:
+    group = new_group()
+    await run(
+        app,
+        group_msg("/限额 ８０００", group),
+        f"已修改本群每日限额。\n现在：本群每日限额 8000 token（本群），今天已用 0，还剩 8000。{CAP_NOTE}",
+    )
+    await run(
+        app,
+        group_msg("/用量 ７天", group),
+        "本群用量（7天）：回答 0 次，压缩 0 次\n这段时间没有调用模型。\n\n"
+        f"每日限额 8000 token（本群），今天已用 0，还剩 8000。{CAP_NOTE}",
+    )
+
+
+@pytest.mark.parametrize("word", ["８０％", "80%", "０．５．５", "1/2", "0,5", "0.5。"])
+async def test_r_cfg_2_a_percentage_or_a_malformed_line_is_refused_with_the_range(
+    app: App, word: str
+) -> None:
+    # 「８０％」 must not be half-read as 80 (or as 0.8 when the range says 0~1).
+    group = new_group()
+    sid = group_record(SELF_ID, group).id
+    await run(app, group_msg(f"/压缩线 {word}", group), LINE_RANGE)
+    assert await stored_setting("session", sid, "compress_at") is None
+
+
+async def test_r_cfg_4_minus_zero_is_the_line_off_and_is_shown_as_0(app: App) -> None:
+    group = new_group()
+    sid = group_record(SELF_ID, group).id
+    await run(
+        app,
+        group_msg("/压缩线 -0", group),
+        "已将本会话的压缩线设为 0。\n现在：压缩线 0（本会话）：不按用量压缩。",
+    )
+    assert await runtime.get().compression.compress_at(sid, "onebot") is None  # R-CFG-4
+
+
+# ---- /清除: a question settled another way ---------------------------------------------
+async def with_summary(group: int, n: int = 3) -> str:
+    sid = group_record(SELF_ID, group).id
+    await seed(sid, group, n)
+    await runtime.get().store.put_meta(SUMMARY_NAMESPACE, sid, {"text": "旧摘要", "kept_messages": 0})
+    return sid
+
+
+async def test_r_mem_2_a_confirm_after_the_context_was_cleared_without_it_clears_nothing_more(
+    app: App,
+) -> None:
+    # The owner asks, then clears with 「/清除 上下文 确认」 instead; the group talks on, and
+    # the owner's 「确认」 a moment later (an answer to a member) is chat, not a second clear.
+    group = new_group()
+    sid = await with_summary(group)
+    await run(app, group_msg("/清除", group), ASK)
+    await run(app, group_msg("/清除 上下文 确认", group), CLEARED)
+    await run(app, group_msg("明天几点集合？", group, user=20003), None)
+    await run(app, group_msg("确认", group), None)
+    assert [m.content.split("] ", 1)[1] for m in await history(sid)] == ["明天几点集合？", "确认"]
+
+
+# ---- a 关 group across a reconnect -------------------------------------------------------
+async def test_an_off_group_stores_nothing_said_while_off_when_the_bot_reconnects(
+    tmp_path: Path, llm: ScriptedLLM
+) -> None:
+    # Issue 10: 「关」 neither records nor answers. What the group said while it was off
+    # (here: before and during a dropped connection) must not come back through the
+    # history fetched on reconnect.
+    group = 7301
+    sid = group_sid(group)
+    env = {"MEMSUM_MODELS": json.dumps([llm.model_config()])}
+    async with BotProcess(tmp_path / "bot", env=env, log_level="INFO") as bot, connected(bot) as sim:
+        await sim.group_message(group, 20001, "关之前说的", nickname="甲")
+        await until(lambda: stored_count(bot, sid, 1), "the message said while on")
+        await sim.group_message(group, 10001, "/记忆模式 关", nickname="主人")
+        sent = await sim.wait_call(set(SEND_ACTIONS))
+        assert plain_text(sent.params["message"]).startswith("已将本群模式设为 关。")
+        await sim.group_message(group, 20002, "关了以后说的", nickname="乙")
+        await sim.close()
+        await sim.group_message(group, 20003, "断线时说的", nickname="丙")
+        await sim.connect()
+        await wait_log(bot, "memsum: backfill of 10000:")
+        rows = await query(bot.db_path, "SELECT content FROM messages WHERE session_id = ? ORDER BY id", sid)
+        assert [r[0] for r in rows] == ["[甲(20001)] 关之前说的"]
+        await sim.close()
+
+
+async def stored_count(bot: BotProcess, sid: str, n: int) -> bool:
+    rows = await query(bot.db_path, "SELECT count(*) FROM messages WHERE session_id = ?", sid)
+    return rows[0][0] >= n
