@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import math
 import re
-import time
 import unicodedata
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from datetime import tzinfo
+from datetime import datetime, tzinfo
 from typing import Literal
 
 from nonebot import on_message
@@ -78,8 +77,9 @@ _DATE_RANGE = re.compile(r"^(\d{4}-\d{1,2}-\d{1,2})(?:(?:\.\.|~|～)(\d{4}-\d{1,
 
 
 # ---- pure text ----------------------------------------------------------------------
-def format_time(ts: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
+def format_time(ts: float, zone: tzinfo | None = None) -> str:
+    """A moment in the bot's time zone (`MEMSUM_TIMEZONE`, as /回忆 and /用量 use it)."""
+    return datetime.fromtimestamp(ts, zone).strftime("%Y-%m-%d %H:%M")
 
 
 def format_value(name: SettingName, value: float) -> str:
@@ -112,11 +112,11 @@ def count_line(status: SessionStatus) -> str:
     return f"条数 {status.active_messages} / 条数线 {status.history_limit}"
 
 
-def status_text(status: SessionStatus) -> str:
+def status_text(status: SessionStatus, zone: tzinfo | None = None) -> str:
     """What `/摘要` shows."""
     lines: list[str] = []
     if status.summary:
-        when = f"（{format_time(status.summary_time)}）" if status.summary_time else ""
+        when = f"（{format_time(status.summary_time, zone)}）" if status.summary_time else ""
         lines += [f"本会话摘要{when}：", status.summary.strip(), ""]
     else:
         lines.append("本会话还没有摘要。")
@@ -126,10 +126,11 @@ def status_text(status: SessionStatus) -> str:
         lines.append("还没有压缩过。")
     elif run.outcome == "done":
         lines.append(
-            f"上次压缩：{format_time(run.time)} 成功，归档 {run.archived} 条，保留原文 {run.kept_messages} 条"
+            f"上次压缩：{format_time(run.time, zone)} 成功，"
+            f"归档 {run.archived} 条，保留原文 {run.kept_messages} 条"
         )
     else:
-        lines.append(f"上次压缩：{format_time(run.time)} 失败：{run.reason or '原因未知'}")
+        lines.append(f"上次压缩：{format_time(run.time, zone)} 失败：{run.reason or '原因未知'}")
     lines += [usage_line(status), count_line(status)]
     if status.backoff_failures > 0:  # R-BACK-3
         lines.append(
@@ -188,7 +189,8 @@ async def _compress(call: _Call) -> str:
 
 
 async def _summary(call: _Call) -> str:
-    return status_text(await runtime.get().compression.status(call.record.id))
+    rt = runtime.get()
+    return status_text(await rt.compression.status(call.record.id), usage.zone_of(rt.config))
 
 
 async def _compress_at(call: _Call) -> str:
