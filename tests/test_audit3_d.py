@@ -8,12 +8,14 @@ the reconnect runs bot.py with the OneBot simulator over a real WebSocket."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from nonebug import App
 
 from nonebot_plugin_memsum import runtime
+from nonebot_plugin_memsum.compression.service import RUNS_NAMESPACE
 from nonebot_plugin_memsum.onebot import group_record
 from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE
 from nonebot_plugin_memsum.usage import CAP_NOTE
@@ -21,7 +23,7 @@ from tests.fakes.botproc import BotProcess
 from tests.fakes.commands import ALLOWED_ANSWER, NO_USAGE
 from tests.fakes.e2e import connected, group_sid, query, until, wait_log
 from tests.fakes.llm_server import ScriptedLLM
-from tests.fakes.nonebug import SELF_ID, group_msg, history, new_group, run, seed
+from tests.fakes.nonebug import SELF_ID, Like, group_msg, history, new_group, run, seed
 from tests.fakes.onebot import SEND_ACTIONS, plain_text
 
 ASK = str(ALLOWED_ANSWER["/清除"])
@@ -110,6 +112,30 @@ async def test_r_mem_2_a_confirm_after_the_context_was_cleared_without_it_clears
     await run(app, group_msg("明天几点集合？", group, user=20003), None)
     await run(app, group_msg("确认", group), None)
     assert [m.content.split("] ", 1)[1] for m in await history(sid)] == ["明天几点集合？", "确认"]
+
+
+# ---- times in the bot's time zone ----------------------------------------------------------
+async def test_summary_shows_its_times_in_the_configured_time_zone_as_recall_does(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # MEMSUM_TIMEZONE is the bot's time zone (README); /回忆 shows times in it, so /摘要
+    # must too, not in the server's zone (UTC here): one bot, one clock for its owner.
+    rt = runtime.get()
+    monkeypatch.setattr(rt, "config", rt.config.model_copy(update={"memsum_timezone": "Pacific/Kiritimati"}))
+    group = new_group()
+    sid = group_record(SELF_ID, group).id
+    moment = datetime(2026, 12, 3, 23, 30, tzinfo=UTC).timestamp()  # 12-04 13:30 at UTC+14
+    await rt.store.put_meta(SUMMARY_NAMESPACE, sid, {"text": "周末爬山", "kept_messages": 0, "time": moment})
+    run_ = {"time": moment, "outcome": "done", "reason": None, "kept_messages": 0, "archived": 5}
+    await rt.store.put_meta(RUNS_NAMESPACE, sid, run_)
+    await run(
+        app,
+        group_msg("/摘要", group),
+        Like(
+            r"本会话摘要（2026-12-04 13:30）：\n周末爬山\n\n保留原文 0 条\n"
+            r"上次压缩：2026-12-04 13:30 成功，归档 5 条，保留原文 0 条\n.*"
+        ),
+    )
 
 
 # ---- a 关 group across a reconnect -------------------------------------------------------
