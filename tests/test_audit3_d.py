@@ -167,3 +167,32 @@ async def test_an_off_group_stores_nothing_said_while_off_when_the_bot_reconnect
 async def stored_count(bot: BotProcess, sid: str, n: int) -> bool:
     rows = await query(bot.db_path, "SELECT count(*) FROM messages WHERE session_id = ?", sid)
     return rows[0][0] >= n
+
+
+async def test_r_mem_2_only_the_admin_who_asked_can_confirm_a_clear_over_onebot(
+    tmp_path: Path, llm: ScriptedLLM
+) -> None:
+    # A group admin (option on) asks to clear; a member's 「确认」 and even the owner's are
+    # chat (stored, unanswered), the admin's own clears. Through bot.py and the fast path.
+    group = 7302
+    sid = group_sid(group)
+    env = {"MEMSUM_MODELS": json.dumps([llm.model_config()]), "MEMSUM_GROUP_ADMIN_COMMANDS": "true"}
+    async with BotProcess(tmp_path / "bot", env=env, log_level="INFO") as bot, connected(bot) as sim:
+        await sim.group_message(group, 20001, "周末去爬山吗", nickname="甲")
+        await until(lambda: stored_count(bot, sid, 1), "the first line")
+        mark = len(sim.calls)
+        await sim.group_message(group, 20005, "/清除", nickname="管理", role="admin")
+        asked = await sim.wait_call(set(SEND_ACTIONS), after=mark)
+        assert plain_text(asked.params["message"]).endswith("60 秒内回复「确认」继续。")
+        await sim.group_message(group, 20001, "确认", nickname="甲")
+        await sim.group_message(group, 10001, "确认", nickname="主人")
+        await until(lambda: stored_count(bot, sid, 3), "both 「确认」 stored as chat")
+        mark = len(sim.calls)
+        await sim.group_message(group, 20005, "确认", nickname="管理", role="admin")
+        done = await sim.wait_call(set(SEND_ACTIONS), after=mark)
+        assert plain_text(done.params["message"]) == CLEARED
+        sql = "SELECT content FROM messages WHERE session_id = ? AND archived = 0"
+        assert await query(bot.db_path, sql, sid) == []
+        said = [c.params["message"] for c in sim.calls if c.action in SEND_ACTIONS]
+        assert len(said) == 2  # the question and the receipt, nothing to the others' 「确认」
+        await sim.close()
