@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
+from nonebot.adapters.onebot.v11 import MessageSegment
 from nonebug import App
 
-from nonebot_plugin_memsum import runtime
+from nonebot_plugin_memsum import clock, runtime
 from nonebot_plugin_memsum.compression.service import RUNS_NAMESPACE
+from nonebot_plugin_memsum.controls import CAP_NOTICE
 from nonebot_plugin_memsum.onebot import group_record
 from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE
 from nonebot_plugin_memsum.usage import CAP_NOTE
@@ -23,7 +26,17 @@ from tests.fakes.botproc import BotProcess
 from tests.fakes.commands import ALLOWED_ANSWER, NO_USAGE
 from tests.fakes.e2e import connected, group_sid, query, until, wait_log
 from tests.fakes.llm_server import ScriptedLLM
-from tests.fakes.nonebug import SELF_ID, Like, group_msg, history, new_group, run, seed
+from tests.fakes.nonebug import (
+    SELF_ID,
+    Like,
+    group_msg,
+    history,
+    new_group,
+    run,
+    seed,
+    to_me,
+    turns_requested,
+)
 from tests.fakes.onebot import SEND_ACTIONS, plain_text
 
 ASK = str(ALLOWED_ANSWER["/清除"])
@@ -196,3 +209,35 @@ async def test_r_mem_2_only_the_admin_who_asked_can_confirm_a_clear_over_onebot(
         said = [c.params["message"] for c in sim.calls if c.action in SEND_ACTIONS]
         assert len(said) == 2  # the question and the receipt, nothing to the others' 「确认」
         await sim.close()
+
+
+# ---- the daily cap by the bot's day -------------------------------------------------------
+async def test_the_cap_and_usage_roll_over_at_midnight_of_the_configured_zone_not_the_servers(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server runs on UTC; the bot's day is Shanghai's (UTC+8). Spent at 23:30 in
+    # Shanghai, capped; at 00:30 in Shanghai (still the same UTC day) a new day has begun.
+    controls = runtime.get().controls
+    monkeypatch.setattr(controls, "_zone", ZoneInfo("Asia/Shanghai"))
+    late = datetime(2026, 12, 3, 15, 30, tzinfo=UTC).timestamp()
+    group = new_group()
+    record = group_record(SELF_ID, group)
+    await runtime.get().store.save_session(record)
+    await runtime.get().settings.set("daily_token_cap", "place", f"onebot:group:{group}", 100)
+    monkeypatch.setattr(clock, "now", lambda: late)
+    await runtime.get().store.record_usage(record.id, "对话", "test/model", 90, 10, 0)
+    asked: list[str] = []
+    monkeypatch.setattr(runtime.get().agent, "request_turn", lambda sid, *a, **k: asked.append(sid))
+    capped = to_me(group_msg("还在吗", group, user=20003))
+    await run(app, capped, MessageSegment.reply(capped.message_id) + CAP_NOTICE)  # type: ignore[arg-type]
+    assert asked == []
+    monkeypatch.undo()  # the real agent, the real clock and zone again: the next day in Shanghai
+    monkeypatch.setattr(controls, "_zone", ZoneInfo("Asia/Shanghai"))
+    monkeypatch.setattr(clock, "now", lambda: late + 3600)
+    assert await turns_requested(app, to_me(group_msg("新的一天", group, user=20003))) == [record.id]
+    await run(
+        app,
+        group_msg("/用量", group),
+        "本群用量（今天）：回答 0 次，压缩 0 次\n这段时间没有调用模型。\n\n"
+        f"每日限额 100 token（本群），今天已用 0，还剩 100。{CAP_NOTE}",
+    )
