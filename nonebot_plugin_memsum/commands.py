@@ -211,10 +211,10 @@ async def _setting(name: SettingName, call: _Call) -> str:
         scope, words = "place", words[1:]
     if len(words) > 1:
         return f"用法：/{title} [群] [值|默认]"
+    key = call.record.id if scope == "session" else place_key(call.record)
+    if key is None:
+        return "私聊没有群设置。"  # asked to show or to change: either way there is no group
     if words:
-        key = call.record.id if scope == "session" else place_key(call.record)
-        if key is None:
-            return "私聊没有群设置。"
         where = "本会话" if scope == "session" else "本群"
         if words[0] == "默认":
             await rt.settings.reset(name, scope, key)
