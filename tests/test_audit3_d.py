@@ -32,6 +32,7 @@ from tests.fakes.nonebug import (
     group_msg,
     history,
     new_group,
+    private_msg,
     run,
     seed,
     to_me,
@@ -103,6 +104,13 @@ async def test_r_cfg_4_minus_zero_is_the_line_off_and_is_shown_as_0(app: App) ->
         "已将本会话的压缩线设为 0。\n现在：压缩线 0（本会话）：不按用量压缩。",
     )
     assert await runtime.get().compression.compress_at(sid, "onebot") is None  # R-CFG-4
+
+
+@pytest.mark.parametrize("text", ["/压缩线 群", "/条数线 群", "/条数线 群 默认"])
+async def test_r_cfg_2_a_private_chat_has_no_group_line_to_show_either(app: App, text: str) -> None:
+    # 「/压缩线 群 0.3」 in private already says so; asking to see the group's line there
+    # answered with the session's global value as if it were a group's.
+    await run(app, private_msg(text), "私聊没有群设置。")
 
 
 # ---- /清除: a question settled another way ---------------------------------------------
