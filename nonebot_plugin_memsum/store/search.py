@@ -68,6 +68,9 @@ BM25_K1 = 1.2
 PRIOR_CHARS = 60
 DAY = 86400.0
 MAX_DAY_TERMS = 62
+RANKED_WORDS = 32
+"""Query words the ranking counts (the first ones; every word must still occur): each adds
+to one SQL expression, and SQLite refuses one deeper than 1,000 (a pasted paragraph)."""
 SCOPE_DIGITS = 10
 """Hex digits of a session's scope (40 bits): two sessions sharing one only share posting
 lists, never answers (the query re-checks the session on the message row)."""
@@ -257,8 +260,9 @@ _CLEARED = "COALESCE((SELECT upto FROM search_cleared WHERE session_id = :sessio
 
 
 def query_words(text: str) -> list[str]:
-    """The query's words as the ranking counts them (normalised as the index's terms are)."""
-    return [unicodedata.normalize("NFKC", w).lower() for w in text.split() if _runs(w)]
+    """The query's words as the ranking counts them (normalised as the index's terms are),
+    at most RANKED_WORDS of them."""
+    return [unicodedata.normalize("NFKC", w).lower() for w in text.split() if _runs(w)][:RANKED_WORDS]
 
 
 def search_statement(query: SearchQuery, columns: str, context: int = 0) -> tuple[str, dict[str, Any]] | None:
