@@ -7,18 +7,27 @@ PostgreSQL server where the engine matters), a real uvicorn and httpx for the pa
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
+import httpx
 import pytest
+from fastapi import FastAPI
 
+from nonebot_plugin_memsum import runtime
 from nonebot_plugin_memsum.agent.recall import NOTHING, register_recall_tool
 from nonebot_plugin_memsum.agent.tools import ToolContext, ToolRegistry
+from nonebot_plugin_memsum.commands import parse_recall
+from nonebot_plugin_memsum.config import Config
 from nonebot_plugin_memsum.llm.tokens import estimate_text_tokens
+from nonebot_plugin_memsum.runtime import Runtime
 from nonebot_plugin_memsum.store import SearchQuery, Store
 from nonebot_plugin_memsum.types import Message
-from tests.fakes.web import GROUP
+from nonebot_plugin_memsum.web.app import create_app
+from tests.fakes.web import GROUP, TOKEN, serving
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
 G = GROUP.id.replace(":", "%3A")
@@ -100,3 +109,49 @@ async def test_fts_syntax_in_a_query_is_plain_text(store: Store, query: str, exp
     texts = [HIKE, SYNTAX, "链接 https://a.com/x?y=1&z=2 提取码 k9"]
     assert sorted(texts.index(c.split("] ", 1)[1]) for c in await contents(store, query)) == expected
     assert await contents(store, "", speaker=query) is not None  # as a speaker, no error either
+
+
+# ---- the page's search -------------------------------------------------------------------
+@pytest.fixture
+def utc_system(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The machine's clock in UTC, as on most servers; the bot told to live in Shanghai."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@asynccontextmanager
+async def shanghai_page(tmp_path: Path) -> AsyncIterator[tuple[Runtime, httpx.AsyncClient]]:
+    cfg = Config.model_validate({"memsum_timezone": "Asia/Shanghai", "memsum_web_token": TOKEN})
+    rt = await runtime.build(cfg, tmp_path / "tz.db", ["小记"], {"10001"})
+    root = FastAPI()
+    root.mount("/memsum", create_app(lambda: rt, TOKEN))
+    try:
+        async with serving(root) as base, httpx.AsyncClient(base_url=base + "/memsum/") as client:
+            resp = await client.post("api/login", json={"token": TOKEN})
+            client.headers["X-Memsum-CSRF"] = resp.json()["csrf"]
+            yield rt, client
+    finally:
+        await runtime.close(rt)
+
+
+async def test_the_pages_dates_are_the_bots_days_as_in_recall(tmp_path: Path, utc_system: None) -> None:
+    # Said at 07:30 on 2 November in Shanghai (23:30 on the 1st in UTC). /回忆 and the recall
+    # tool read dates in MEMSUM_TIMEZONE (README: days are the bot's time zone's); the owner
+    # searching the same day on the page must find the same line, and not on the day before.
+    morning = datetime(2026, 11, 2, 7, 30, tzinfo=SHANGHAI).timestamp()
+    async with shanghai_page(tmp_path) as (rt, client):
+        await rt.store.append(GROUP.id, said("小明", 20001, "周六去香山爬山", morning))
+        by_command = await rt.store.search(parse_recall(GROUP.id, ["爬山", "2026-11-02"], [], SHANGHAI))
+        assert len(by_command) == 1
+
+        async def page(day: str) -> list[str]:
+            params = {"q": "爬山", "since": day, "until": day}
+            resp = await client.get(f"api/sessions/{G}/search", params=params)
+            assert resp.status_code == 200
+            return [r["hit"]["content"] for r in resp.json()["results"]]
+
+        assert await page("2026-11-02") == ["[小明(20001)] 周六去香山爬山"]
+        assert await page("2026-11-01") == []

@@ -23,6 +23,7 @@ from nonebot.log import logger
 from pydantic import BaseModel
 
 from nonebot_plugin_memsum import clock, usage
+from nonebot_plugin_memsum.agent import recall
 from nonebot_plugin_memsum.commands import receipt
 from nonebot_plugin_memsum.compression.request import CompressionError
 from nonebot_plugin_memsum.compression.service import BACKOFF_NAMESPACE
@@ -277,7 +278,7 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
         rt = get_runtime()
         await _existing(rt, sid)
         # The recall search of issue 11: this session only, never what a clear removed.
-        query = SearchQuery(sid, q, speaker or None, _day(since), _day(until, end=True), SEARCH_LIMIT)
+        query = SearchQuery(sid, q, speaker or None, _day(rt, since), _day(rt, until, end=True), SEARCH_LIMIT)
         hits = await rt.store.search(query, context=SEARCH_CONTEXT)
         return {
             "results": [
@@ -378,15 +379,16 @@ def _utc_offset(rt: Runtime) -> int:
     return int(offset.total_seconds()) if offset else 0
 
 
-def _day(text: str | None, *, end: bool = False) -> float | None:
-    """A `YYYY-MM-DD` from the page as a local time: its start, or with `end` the next day's."""
+def _day(rt: Runtime, text: str | None, *, end: bool = False) -> float | None:
+    """A `YYYY-MM-DD` from the page as a day of the bot's time zone (`MEMSUM_TIMEZONE`, as
+    `/回忆` and the recall tool read dates): its start, or with `end` the next day's."""
     if not text:
         return None
     try:
-        day = time.strptime(text, "%Y-%m-%d")
+        time.strptime(text, "%Y-%m-%d")
+        return recall.parse_time(text, end=end, zone=usage.zone_of(rt.config))
     except ValueError:
         raise HTTPException(400, "日期格式应为 YYYY-MM-DD") from None
-    return time.mktime(day) + (86400 if end else 0)
 
 
 def _models(rt: Runtime) -> dict[str, ModelConfig]:
