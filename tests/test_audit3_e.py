@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import httpx
@@ -27,7 +28,7 @@ from nonebot_plugin_memsum.runtime import Runtime
 from nonebot_plugin_memsum.store import SearchQuery, Store
 from nonebot_plugin_memsum.types import Message
 from nonebot_plugin_memsum.web.app import create_app
-from tests.fakes.web import GROUP, TOKEN, serving
+from tests.fakes.web import COMPRESSIONS, GROUP, LINE, TOKEN, WebEnv, chat_turn, serving, web_env
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
 G = GROUP.id.replace(":", "%3A")
@@ -155,3 +156,48 @@ async def test_the_pages_dates_are_the_bots_days_as_in_recall(tmp_path: Path, ut
 
         assert await page("2026-11-02") == ["[小明(20001)] 周六去香山爬山"]
         assert await page("2026-11-01") == []
+
+
+@pytest.fixture
+async def env(tmp_path: Path) -> AsyncIterator[WebEnv]:
+    async with web_env(tmp_path) as e:
+        yield e
+
+
+@pytest.fixture
+async def owner(env: WebEnv) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=env.base + "/") as client:
+        resp = await client.post("api/login", json={"token": TOKEN})
+        client.headers["X-Memsum-CSRF"] = resp.json()["csrf"]
+        yield client
+
+
+async def gauges(owner: httpx.AsyncClient) -> tuple[dict[str, Any], dict[str, Any]]:
+    overview = (await owner.get("api/overview")).json()
+    row = next(r for r in overview["sessions"] if r["id"] == GROUP.id)
+    return row, (await owner.get(f"api/sessions/{G}")).json()
+
+
+async def test_a_cleared_context_shows_no_usage_on_the_page_as_in_the_command(
+    env: WebEnv, owner: httpx.AsyncClient
+) -> None:
+    # Clearing the context forgets the session's latest usage (/摘要 then says there is none):
+    # an emptied memory is not 43 % full. The page's gauges must say what the command says,
+    # and come back with the next call.
+    row, page = await gauges(owner)
+    status = await env.rt.compression.status(GROUP.id)
+    assert row["usage"] == page["usage"] == status.usage is not None
+    assert (await owner.post(f"api/sessions/{G}/clear", json={"kind": "context", "confirm": True})).is_success
+    assert (await env.rt.compression.status(GROUP.id)).usage is None
+    row, page = await gauges(owner)
+    assert (row["active"], page["active"]) == (0, 0)
+    assert (row["usage"], row["usage_ratio"]) == (None, None)
+    assert (page["usage"], page["usage_ratio"]) == (None, None)
+    assert len(page["series"]) == COMPRESSIONS * 4 + 1  # the history of calls stays: it was paid
+
+    await chat_turn(env.rt, "小记，清空后第一个问题", 9, time.time())
+    status = await env.rt.compression.status(GROUP.id)
+    assert status.usage is not None
+    row, page = await gauges(owner)
+    assert row["usage"] == page["usage"] == status.usage
+    assert row["usage_ratio"] == page["usage_ratio"] == round(status.usage / LINE, 4)

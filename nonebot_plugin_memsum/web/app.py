@@ -9,6 +9,7 @@ when the browser names one, an Origin of this host.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
@@ -26,7 +27,7 @@ from nonebot_plugin_memsum import clock, usage
 from nonebot_plugin_memsum.agent import recall
 from nonebot_plugin_memsum.commands import receipt
 from nonebot_plugin_memsum.compression.request import CompressionError
-from nonebot_plugin_memsum.compression.service import BACKOFF_NAMESPACE
+from nonebot_plugin_memsum.compression.service import BACKOFF_NAMESPACE, USAGE_NAMESPACE
 from nonebot_plugin_memsum.compression.trigger import Backoff
 from nonebot_plugin_memsum.config import ModelConfig
 from nonebot_plugin_memsum.lru import LRU
@@ -157,6 +158,8 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
     @read.get("/overview")
     async def overview() -> dict[str, Any]:
         rt = get_runtime()
+        await rt.compression.write_usage()  # the latest usages still waiting to be written
+        measured = await rt.store.meta_values(USAGE_NAMESPACE)
         activity, last, stored, today, place_names, backoffs = await asyncio.gather(
             rt.store.session_overview(CHAT_PURPOSE),
             rt.store.last_compressions(),
@@ -183,6 +186,10 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
             raw = backoffs.get(act.session_id) or {}
             backoff = Backoff(int(raw.get("failures", 0)), int(raw.get("turns_waited", 0)))
             turns_left = max(0, backoff.wait - backoff.turns_waited) if backoff.failures else 0
+            if act.session_id not in measured:
+                # A clear of the context forgot its latest usage (as /摘要 says): the ledger's
+                # last call measured a memory that is gone.
+                act = dataclasses.replace(act, usage=None)
             rows.append(
                 views.overview_row(
                     act,
@@ -225,7 +232,7 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
         series = await rt.store.usage_series(sid, CHAT_PURPOSE)
         runs = await rt.store.compressions(sid)
         chat_model = rt.registry.resolve("chat")
-        usage = status.usage if status.usage is not None else (series[-1][1] if series else None)
+        usage = status.usage  # as /摘要 says it: none after a clear of the context
         line = status.line
         if line is None:
             line = views.line_tokens(
