@@ -29,6 +29,12 @@ MAX_POSITION = 16383
 """PostgreSQL's largest tsvector position. A text's terms after it are not indexed: it also
 keeps a huge paste's tsvector far below PostgreSQL's 1 MB limit, so storing never fails."""
 
+MAX_TERM_CHARS = 500
+"""A term's characters in the index: PostgreSQL refuses a tsvector word over 2,046 bytes (a
+pasted base64 blob, a long link), which would refuse the message itself. A longer term is
+indexed by its head, and a query word's term that long is a prefix of its head, so it also
+finds a term indexed whole before the cut."""
+
 INSERT = "INSERT INTO search_index (id, doc) VALUES (?, CAST(CAST(? AS TEXT) AS tsvector))"
 FORGET = "DELETE FROM search_index WHERE id IN (SELECT id FROM messages WHERE session_id = ?)"
 MARK_CLEARED = (
@@ -88,7 +94,7 @@ def document(session_id: str, role: str, name: str | None, content: str, ts: flo
         kept = terms[: MAX_POSITION - 64] if weight == "" else terms
         for term in kept:
             pos += 1
-            parts.append(f"{_quote(term)}:{min(pos, MAX_POSITION)}{weight}")
+            parts.append(f"{_quote(term[:MAX_TERM_CHARS])}:{min(pos, MAX_POSITION)}{weight}")
     return " ".join(parts)
 
 
@@ -99,9 +105,11 @@ def _words(text: str, weight: str) -> list[str]:
         if found is None:
             continue
         terms, prefix = found
-        lexemes = [f"{_quote(t)}:{weight}" for t in terms]
+        lexemes = [
+            f"{_quote(t[:MAX_TERM_CHARS])}:{'*' if len(t) > MAX_TERM_CHARS else ''}{weight}" for t in terms
+        ]
         if prefix:
-            lexemes[-1] = f"{_quote(terms[-1])}:*{weight}"
+            lexemes[-1] = f"{_quote(terms[-1][:MAX_TERM_CHARS])}:*{weight}"
         out.append("(" + " <-> ".join(lexemes) + ")")
     return out
 
