@@ -94,11 +94,16 @@ async def child_session(parent_id: str, session_id: str, entry: Entry = Entry())
 
 async def record(session: SessionRecord, message: Message) -> Message:
     """Store one message in a session's history (creating the session on first use; a new
-    child copies its parent's effective settings then, as `child_session` does: R-CFG-3)."""
+    child copies its parent's effective settings then, as `child_session` does: R-CFG-3).
+    In a 仅记录 session (MEMSUM_DEFAULT_MODE=record) no turn ends to judge the lines, so the
+    message is judged as the OneBot layer judges what it records: the memory still compresses."""
     rt = runtime.get()
     if session.parent is not None and await rt.store.get_session(session.id) is None:
         await rt.settings.create_child(session, None, None)
-    return await rt.agent.record(session, message)
+    stored = await rt.agent.record(session, message)
+    if await rt.controls.mode(session) == "record":
+        await rt.compression.judge_recorded(session.id, Entry(session.platform, session.kind))
+    return stored
 
 
 async def history(session_id: str, limit: float = math.inf) -> list[Message]:
