@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from . import pg_search, search
-from .engine import Db, PostgresDb, Row, SqliteDb
+from .engine import Db, PostgresDb, Row, SqliteDb, _no_nul
 
 CHUNK = 5000
 """Rows per chunk of an id-keyed table by default: one transaction of the target each."""
@@ -160,6 +160,12 @@ class Report:
 Progress = Callable[[str], None]
 
 
+def _as_stored(rows: Sequence[Row]) -> list[Row]:
+    """The file's rows as PostgreSQL stores them: a NUL in a text becomes U+FFFD there, as the
+    store writes it (engine._no_nul), so such a row is copied once and verifies."""
+    return [tuple(_no_nul(row)) for row in rows]
+
+
 def _checksum(rows: Sequence[Row], digest: Any) -> None:
     for row in rows:
         # repr: ints, exact floats, str and None read the same from both engines.
@@ -240,14 +246,16 @@ async def _copy_table(
 ) -> TableReport:
     report = TableReport(table.name)
     if not table.numbered:
-        mine = sorted(await source.fetch(table.select()))
+        mine = sorted(_as_stored(await source.fetch(table.select())))
         theirs = await target.fetch(table.select())
         report.rows = len(mine)
         report.copied = await _copy_rows(target, table, mine, theirs, cleared)
         return report
     after = 0
     while True:
-        mine = await source.fetch(f"{table.select()} WHERE id > ? ORDER BY id LIMIT ?", (after, chunk))
+        mine = _as_stored(
+            await source.fetch(f"{table.select()} WHERE id > ? ORDER BY id LIMIT ?", (after, chunk))
+        )
         if not mine:
             return report
         last = mine[-1][0]
@@ -261,7 +269,7 @@ async def _digest(db: Db, table: Table) -> tuple[int, str]:
     """Rows and the SHA-256 of the table in key order."""
     digest = hashlib.sha256()
     if not table.numbered:
-        rows = sorted(await db.fetch(table.select()))
+        rows = sorted(_as_stored(await db.fetch(table.select())))
         _checksum(rows, digest)
         return len(rows), digest.hexdigest()
     count, after = 0, 0
@@ -269,7 +277,7 @@ async def _digest(db: Db, table: Table) -> tuple[int, str]:
         rows = await db.fetch(f"{table.select()} WHERE id > ? ORDER BY id LIMIT ?", (after, CHUNK * 4))
         if not rows:
             return count, digest.hexdigest()
-        _checksum(rows, digest)
+        _checksum(_as_stored(rows), digest)
         count += len(rows)
         after = rows[-1][0]
 
