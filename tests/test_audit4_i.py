@@ -3,6 +3,8 @@ SQLite (issue 13). Every test runs on the real server of tests/fakes/pgserver.py
 
 from __future__ import annotations
 
+import random
+import string
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -88,5 +90,23 @@ async def test_a_nul_in_a_summary_setting_answer_or_deduplicated_message_is_stor
         assert await store.get_meta("summary", SID) == {"text": "a\x00b"}  # JSON escapes it
         assert (await store.get_settings("session", SID))["persona"] == "你\x00好"
         assert [x.content for x in await store.get_history(SID)] == ["x\ufffdy", "q\ufffd"]
+    finally:
+        await store.close()
+
+
+async def test_a_huge_paste_of_long_words_is_stored_and_found_on_postgresql(url: str) -> None:
+    # 2,500 distinct 500-letter words (a pasted dump): its tsvector would pass PostgreSQL's
+    # 1 MB limit, which refused the message itself; the text is stored whole, the head indexed.
+    rng = random.Random(7)
+    words = ["".join(rng.choices(string.ascii_lowercase, k=500)) for _ in range(2500)]
+    store = await open_store(url)
+    try:
+        big = await store.append(SID, said(" ".join(words)))
+        await store.append(SID, said("之后 提取码", ts=2.0))
+        assert [m.content for m in await store.get_history(SID)] == [big.content, "[甲(20001)] 之后 提取码"]
+        [hit] = await store.search(SearchQuery(SID, words[0]))
+        assert hit.message.id == big.id
+        [hit] = await store.search(SearchQuery(SID, "提取码"))
+        assert hit.message.content == "[甲(20001)] 之后 提取码"
     finally:
         await store.close()

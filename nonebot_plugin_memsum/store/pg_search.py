@@ -35,6 +35,13 @@ pasted base64 blob, a long link), which would refuse the message itself. A longe
 indexed by its head, and a query word's term that long is a prefix of its head, so it also
 finds a term indexed whole before the cut."""
 
+MAX_DOC_BYTES = 900_000
+"""An upper bound of a document's tsvector size: PostgreSQL refuses one over 1 MB, which would
+refuse the message itself. MAX_POSITION alone does not keep it there when the terms are long
+(16,000 distinct words of 500 letters: 8 MB), so the text's terms after this are not indexed.
+Counted per distinct term as its bytes and 8 more (its entry, alignment, position count), and
+2 per position."""
+
 INSERT = "INSERT INTO search_index (id, doc) VALUES (?, CAST(CAST(? AS TEXT) AS tsvector))"
 FORGET = "DELETE FROM search_index WHERE id IN (SELECT id FROM messages WHERE session_id = ?)"
 MARK_CLEARED = (
@@ -89,12 +96,20 @@ def document(session_id: str, role: str, name: str | None, content: str, ts: flo
     sess = [session, search.day_term(session, ts)]
     parts: list[str] = []
     pos = 0
+    size = 0
+    seen: set[str] = set()
     for terms, weight in ((body, ""), (who, "C"), (sess, "B")):
         pos += 1  # a gap: no phrase runs from one part into the next
         kept = terms[: MAX_POSITION - 64] if weight == "" else terms
         for term in kept:
+            head = term[:MAX_TERM_CHARS]
+            if weight == "":
+                size += 2 if head in seen else len(head.encode()) + 10
+                seen.add(head)
+                if size > MAX_DOC_BYTES:  # the speaker's and the session's terms still go in
+                    break
             pos += 1
-            parts.append(f"{_quote(term[:MAX_TERM_CHARS])}:{min(pos, MAX_POSITION)}{weight}")
+            parts.append(f"{_quote(head)}:{min(pos, MAX_POSITION)}{weight}")
     return " ".join(parts)
 
 
