@@ -3,17 +3,20 @@ SQLite (issue 13). Every test runs on the real server of tests/fakes/pgserver.py
 
 from __future__ import annotations
 
+import asyncio
 import random
 import string
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
-from nonebot_plugin_memsum.store import SearchQuery, Store, open_store
+from nonebot_plugin_memsum.store import SearchQuery, Store, StoreError, open_store
 from nonebot_plugin_memsum.store.migrate import migrate
 from nonebot_plugin_memsum.types import Message, SessionRecord
-from tests.fakes.pgdb import fresh_database
+from tests.fakes.botproc import BotExitedError, BotProcess
+from tests.fakes.pgdb import fresh_database, raw
 from tests.fakes.pgserver import PgServer
 
 GROUP = SessionRecord(
@@ -110,3 +113,158 @@ async def test_a_huge_paste_of_long_words_is_stored_and_found_on_postgresql(url:
         assert hit.message.content == "[甲(20001)] 之后 提取码"
     finally:
         await store.close()
+
+
+async def test_two_processes_recording_one_group_at_once_lose_nothing(url: str) -> None:
+    # Two bot processes (two connections) record into one group session at the same time:
+    # every message stored once, ids unique, each process's messages in the order it sent
+    # them, and each process's (cached) history the same as the database's.
+    first, second = await open_store(url), await open_store(url)
+    try:
+        await first.get_history(SID)
+        await second.get_history(SID)  # both cached before the race
+
+        async def record(store: Store, who: str, n: int) -> None:
+            for i in range(n):
+                await store.append(SID, said(f"{who}{i} 😀", ts=1.0 + i, name=who))
+
+        await asyncio.gather(record(first, "1", 150), record(second, "2", 150))
+        history = await first.get_history(SID)
+        ids = [m.id for m in history]
+        assert len(history) == 300
+        assert ids == sorted(set(ids))  # unique, in arrival (id) order
+        for who in ("1", "2"):
+            mine = [m.content for m in history if m.name == who]
+            assert mine == [f"[甲({who})] {who}{i} 😀" for i in range(150)]
+        assert await second.get_history(SID) == history
+        assert await raw(url, "SELECT active FROM message_counts WHERE session_id = ?", (SID,)) == [(300,)]
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def _kill_other_backends(url: str) -> None:
+    await raw(
+        url,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    for _ in range(200):
+        if not await raw(
+            url,
+            "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        ):
+            return
+        await asyncio.sleep(0.05)
+
+
+async def test_a_connection_dropped_inside_a_commit_leaves_the_old_state_and_reconnects(url: str) -> None:
+    store = await open_store(url)
+    try:
+        for i in range(4):
+            await store.append(SID, said(f"第{i}句", ts=1.0 + i))
+
+        async def commit() -> None:
+            async with store.transaction() as tx:
+                seen = await store.history_in(tx, SID)
+                await tx.archive_span(SID, len(seen))
+                await tx.put_meta("summary", SID, {"text": "新摘要"})
+                await _kill_other_backends(url)  # the server ends the connection mid-commit
+                await tx.append(SID, said("分隔", ts=9.0))
+
+        with pytest.raises(StoreError):
+            await commit()
+        # Old state, whole: nothing archived, no summary; the next call connects again.
+        assert [m.content for m in await store.get_history(SID)] == [f"[甲(20001)] 第{i}句" for i in range(4)]
+        assert await store.get_meta("summary", SID) is None
+        await store.append(SID, said("之后", ts=10.0))
+        assert len(await store.get_history(SID)) == 5
+    finally:
+        await store.close()
+
+
+async def test_a_server_refusing_connections_is_a_clear_error_then_recovers(
+    pg_server: PgServer, url: str
+) -> None:
+    name = url.rsplit("/", 1)[1]
+    password = urlsplit(url).password
+    assert password
+    store = await open_store(url)
+    try:
+        await store.append(SID, said("之前"))
+        pg_server.psql(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS false')
+        try:
+            await raw(
+                pg_server.url(),
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = ?",
+                (name,),
+            )
+            await asyncio.sleep(0.3)
+            failures = []
+            for _ in range(2):
+                with pytest.raises(StoreError) as caught:
+                    await store.append(SID, said("断开时"))
+                failures.append(str(caught.value))
+            assert all(password not in f for f in failures)
+            assert "cannot connect to postgresql://" in failures[-1]
+        finally:
+            pg_server.psql(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS true')
+        await store.append(SID, said("之后", ts=2.0))
+        assert [m.content for m in await store.get_history(SID)] == ["[甲(20001)] 之前", "[甲(20001)] 之后"]
+    finally:
+        await store.close()
+
+
+async def test_migrating_a_file_a_running_bot_writes_in_wal(tmp_path: Path, url: str) -> None:
+    # The bot keeps the file open (WAL, not checkpointed) and records on between two runs:
+    # the first copies every committed row, the second exactly the new ones; both verify.
+    path = tmp_path / "memsum.db"
+    bot = Store(path)
+    await bot.open()
+    try:
+        await bot.save_session(GROUP)
+        for i in range(40):
+            await bot.append(SID, said(f"第{i}句", ts=1.0 + i))
+        assert (path.parent / "memsum.db-wal").stat().st_size > 0
+        first = await migrate(path, url)
+        assert first.verified, first.lines()
+        assert {t.name: (t.rows, t.copied) for t in first.tables}["messages"] == (40, 40)
+        for i in range(40, 45):
+            await bot.append(SID, said(f"第{i}句", ts=1.0 + i))
+        second = await migrate(path, url)
+        assert second.verified, second.lines()
+        assert {t.name: (t.rows, t.copied) for t in second.tables}["messages"] == (45, 5)
+        pg = await open_store(url)
+        try:
+            assert await pg.get_history(SID) == await bot.get_history(SID)
+        finally:
+            await pg.close()
+    finally:
+        await bot.close()
+
+
+@pytest.mark.parametrize("case", ["wrong_password", "unknown_host", "newer_schema"])
+async def test_bot_start_up_on_a_bad_database_is_one_line_naming_the_key_without_the_password(
+    tmp_path_factory: pytest.TempPathFactory, url: str, case: str
+) -> None:
+    parts = urlsplit(url)
+    secret = parts.password
+    assert secret
+    if case == "wrong_password":
+        target = url.replace(f":{secret}@", ":wrong-hunter2@")
+        secret = "wrong-hunter2"
+    elif case == "unknown_host":
+        target = url.replace(f"@{parts.hostname}:", "@no-such-host.invalid:")
+    else:
+        await raw(url, "UPDATE memsum_schema SET version = version + 1")
+        target = url
+    bot = BotProcess(tmp_path_factory.mktemp("pgbad"), env={"MEMSUM_DB_URL": target, "LOG_LEVEL": "INFO"})
+    with pytest.raises(BotExitedError) as exited:
+        async with bot:
+            pass
+    lines = [line for line in exited.value.log.splitlines() if "nonebot-plugin-memsum" in line]
+    assert len(lines) == 1, lines
+    assert "MEMSUM_DB_URL" in lines[0]
+    assert ("newer" in lines[0]) == (case == "newer_schema")
+    assert secret not in exited.value.log
+    assert exited.value.returncode != 0
