@@ -8,16 +8,21 @@ import random
 import string
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 
+from nonebot_plugin_memsum.compression.service import CLEARS_NAMESPACE
 from nonebot_plugin_memsum.store import SearchQuery, Store, StoreError, open_store
 from nonebot_plugin_memsum.store.migrate import migrate
+from nonebot_plugin_memsum.store.store import Tx
 from nonebot_plugin_memsum.types import Message, SessionRecord
 from tests.fakes.botproc import BotExitedError, BotProcess
 from tests.fakes.pgdb import fresh_database, raw
 from tests.fakes.pgserver import PgServer
+from tests.fakes.service import GROUP as SERVICE_GROUP
+from tests.fakes.service import Make, seed, summary_of
 
 GROUP = SessionRecord(
     id="onebot:10000:group:1", platform="onebot", kind="group", place="group:1", room_class="room"
@@ -268,3 +273,40 @@ async def test_bot_start_up_on_a_bad_database_is_one_line_naming_the_key_without
     assert ("newer" in lines[0]) == (case == "newer_schema")
     assert secret not in exited.value.log
     assert exited.value.returncode != 0
+
+
+async def test_r_mem_3_a_summary_clear_in_another_process_during_the_commit_wins(
+    url: str, make: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first process's compression is inside its commit (the session held, the clear mark
+    # read) when the owner clears the summary on the second process's web page. As in one
+    # process, the clear waits for the commit and then clears: once it has returned, no
+    # summary is left, the new one included.
+    first, second = await make(location=url), await make(location=url)
+    await seed(first.rt, 6)
+    get_meta = Tx.get_meta
+    clearing: list[asyncio.Task[None]] = []
+    reads: list[str] = []
+
+    async def mark_read_then_clear(tx: Tx, namespace: str, key: str) -> Any:
+        mark = await get_meta(tx, namespace, key)
+        if namespace == CLEARS_NAMESPACE and tx._db is first.rt.store._db:
+            reads.append(key)  # the run's start, then its commit
+        if len(reads) == 2 and not clearing:
+            clearing.append(asyncio.create_task(second.rt.compression.clear(SERVICE_GROUP.id, "summary")))
+            for _ in range(100):  # until the clear is done, or waits for this commit
+                waiting = await raw(
+                    url,
+                    "SELECT 1 FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock'",
+                )
+                if clearing[0].done() or waiting:
+                    break
+                await asyncio.sleep(0.05)
+        return mark
+
+    monkeypatch.setattr(Tx, "get_meta", mark_read_then_clear)
+    assert (await first.rt.compression.compress(SERVICE_GROUP.id)).outcome == "done"
+    await clearing[0]
+    assert await summary_of(first.rt) is None
+    assert await summary_of(second.rt) is None

@@ -460,6 +460,9 @@ class Tx:
         """R-MEM-2: "context" archives all active history and drops the summary; "summary" drops it alone."""
         if kind not in ("context", "summary"):
             raise StoreError(f"unknown clear kind {kind!r}; allowed: context, summary")
+        # R-MEM-3 across processes: a compression committing in another one holds the session
+        # from its clear-mark check to its COMMIT; wait for it, so its summary is cleared too.
+        await self._live().hold(session_id)
         if kind == "context":
             self._touched.add(session_id)
             rows = await self._fetch(
