@@ -15,7 +15,7 @@ import pytest
 
 from nonebot_plugin_memsum.compression.service import CLEARS_NAMESPACE
 from nonebot_plugin_memsum.store import SearchQuery, Store, StoreError, open_store
-from nonebot_plugin_memsum.store.migrate import migrate
+from nonebot_plugin_memsum.store.migrate import MigrateError, migrate
 from nonebot_plugin_memsum.store.store import Tx
 from nonebot_plugin_memsum.types import Message, SessionRecord
 from tests.fakes.botproc import BotExitedError, BotProcess
@@ -310,3 +310,36 @@ async def test_r_mem_3_a_summary_clear_in_another_process_during_the_commit_wins
     await clearing[0]
     assert await summary_of(first.rt) is None
     assert await summary_of(second.rt) is None
+
+
+async def test_a_rerun_after_the_bots_moved_to_postgresql_does_not_undo_their_work(
+    tmp_path: Path, url: str
+) -> None:
+    # The owner migrated, started the bots on PostgreSQL (they compressed and talked on),
+    # then ran the tool again: it must not turn the memory back to the file's (archived
+    # messages active again, the new summary replaced by the old one).
+    path = tmp_path / "memsum.db"
+    await _sqlite_file(path, [said(f"第{i}句", ts=1.0 + i) for i in range(6)])
+    bot = Store(path)
+    await bot.open()
+    try:
+        await bot.put_meta("summary", SID, {"text": "旧摘要"})
+    finally:
+        await bot.close()
+    assert (await migrate(path, url)).verified
+    pg = await open_store(url)
+    try:
+        await pg.archive_span(SID, 4)
+        await pg.put_meta("summary", SID, {"text": "新摘要"})
+        await pg.append(SID, said("迁移之后", ts=100.0))
+        before = await pg.get_history(SID)
+    finally:
+        await pg.close()
+    with pytest.raises(MigrateError, match="nothing was written"):
+        await migrate(path, url)
+    pg = await open_store(url)
+    try:
+        assert await pg.get_history(SID) == before
+        assert await pg.get_meta("summary", SID) == {"text": "新摘要"}
+    finally:
+        await pg.close()

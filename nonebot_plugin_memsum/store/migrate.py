@@ -350,6 +350,20 @@ async def migrate(
         await source.close()
 
 
+async def _refuse_moved_on(source: Db, target: Db) -> None:
+    """A target holding ids past the file's was written by a bot since the copy: copying the
+    file's rows again would undo its work (archived messages active again, an old summary
+    back), so nothing is written."""
+    for name in SEQUENCES:
+        mine = (await source.fetch(f"SELECT COALESCE(MAX(id), 0) FROM {name}"))[0][0]
+        theirs = (await target.fetch(f"SELECT COALESCE(MAX(id), 0) FROM {name}"))[0][0]
+        if theirs > mine:
+            raise MigrateError(
+                f"the target's {name} go past the file's (id {theirs} > {mine}): a bot has written"
+                " it since the copy; nothing was written (migrate into an empty database)"
+            )
+
+
 async def _run(source: SqliteDb, target: PostgresDb, say: Progress, chunk: int) -> Report:
     reports: list[TableReport] = []
     # One read transaction of the file: every table read from one moment of it.
@@ -358,6 +372,7 @@ async def _run(source: SqliteDb, target: PostgresDb, say: Progress, chunk: int) 
         cleared = {
             sid: int(upto) for sid, upto in await source.fetch("SELECT session_id, upto FROM search_cleared")
         }
+        await _refuse_moved_on(source, target)
         for table in TABLES:
             say(f"copying {table.name}")
             reports.append(await _copy_table(source, target, table, cleared, chunk))
