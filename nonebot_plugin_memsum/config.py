@@ -79,11 +79,24 @@ class ModelConfig(BaseModel):
     def _defaults(self) -> ModelConfig:
         if not self.model:
             object.__setattr__(self, "model", self.id.split("/", 1)[1])
+        source = "api_key"
+        key = self.api_key.get_secret_value()
         if self.api_key_env:
-            key = os.environ.get(self.api_key_env)
-            if not key:
+            source = f"the environment variable {self.api_key_env} (api_key_env)"
+            key = os.environ.get(self.api_key_env, "")
+            if not key.strip():
                 raise ValueError(f"environment variable {self.api_key_env} (api_key_env) is not set")
-            object.__setattr__(self, "api_key", SecretStr(key))
+        # A key pasted with a line break or spaces around it would make every request fail,
+        # and the HTTP library's error then quotes the header, key and all, in the log.
+        key = key.strip()
+        bad = next((i for i, ch in enumerate(key) if not "!" <= ch <= "~"), None)
+        if bad is not None:
+            # The message says where, never the key itself.
+            raise ValueError(
+                f"{source} has a space, a line break or a non-ASCII character at position {bad + 1}; "
+                "an API key is one word of ASCII letters, digits and punctuation: copy it again"
+            )
+        object.__setattr__(self, "api_key", SecretStr(key))
         return self
 
 

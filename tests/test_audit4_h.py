@@ -1,0 +1,124 @@
+"""Fourth outside audit (h): configuration, providers' failures and secrets, as an owner breaks them.
+
+Start-up is judged through bot.py as a subprocess; model calls through the real httpx client
+against the scripted OpenAI-compatible server on 127.0.0.1 (tests/fakes/llm_server.py).
+"""
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nonebot_plugin_memsum.config import ConfigError, ModelConfig, parse_config
+from nonebot_plugin_memsum.llm.client import LLMClient
+from tests.fakes.botproc import REPO, BotExitedError, BotProcess
+from tests.fakes.llm_server import API_KEY, ScriptedLLM
+from tests.fakes.logs import captured
+
+MESSAGES = [{"role": "user", "content": "[小明(12345)] 在吗？"}]
+
+
+@pytest.fixture(scope="module")
+def llm() -> Any:
+    with ScriptedLLM() as server:
+        yield server
+
+
+# ---- API keys as owners paste them ----------------------------------------------------------
+@pytest.mark.parametrize("pasted", [API_KEY + "\n", f"  {API_KEY}  ", f"\t{API_KEY}\r\n"])
+async def test_an_api_key_pasted_with_a_line_break_or_spaces_around_it_still_answers(
+    llm: ScriptedLLM, pasted: str
+) -> None:
+    # Before: every request failed with "Illegal header value b'Bearer sk-…\n'", the key in the log.
+    llm.reset()
+    model = ModelConfig.model_validate(llm.model_config(api_key=pasted))
+    client = LLMClient(timeout=10, max_retries=0)
+    try:
+        with captured("DEBUG") as logs:
+            result = await client.chat(model, MESSAGES, purpose="chat")
+    finally:
+        await client.aclose()
+    assert result.content == "好的"
+    assert llm.request_headers[-1]["authorization"] == f"Bearer {API_KEY}"
+    assert API_KEY not in "\n".join(logs)
+
+
+async def test_an_api_key_env_variable_with_a_trailing_newline_is_trimmed(
+    llm: ScriptedLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `export DEEPSEEK_KEY="$(cat key.txt)"` keeps the newline when the file has two.
+    monkeypatch.setenv("MEMSUM_AUDIT_KEY", API_KEY + "\n")
+    config = {**llm.model_config(api_key_env="MEMSUM_AUDIT_KEY")}
+    del config["api_key"]
+    model = ModelConfig.model_validate(config)
+    assert model.api_key.get_secret_value() == API_KEY
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "sk-abc def123",  # a space inside: two words pasted
+        "sk-abc１２３",  # full-width digits from a Chinese page
+        "sk-abc\r\nX-Injected: 1",  # a header injection
+        "sk-abc\u200bdef",  # a zero-width space copied from a web page
+    ],
+)
+def test_an_api_key_no_http_header_can_carry_is_refused_naming_the_key_not_its_value(key: str) -> None:
+    model = {
+        "id": "deepseek/deepseek-chat",
+        "base_url": "https://api.deepseek.com/v1",
+        "context_window": 65536,
+    }
+    with pytest.raises(ConfigError) as info:
+        parse_config({"memsum_models": [{**model, "api_key": key}]})
+    message = str(info.value)
+    assert message.startswith("invalid MEMSUM_MODELS[0]")
+    assert "api_key" in message
+    assert "sk-abc" not in message
+    assert "\n" not in message
+
+
+async def test_a_full_width_api_key_stops_bot_py_with_one_line_and_no_key(tmp_path: Path) -> None:
+    # Before: start-up went on, and every message then failed with UnicodeEncodeError, a
+    # non-LLM error escaping the model layer.
+    secret = "sk-live-７f3a9c"
+    model = {"id": "p/m", "base_url": "http://127.0.0.1:9/v1", "api_key": secret, "context_window": 8000}
+    bot = BotProcess(
+        tmp_path, env={"MEMSUM_MODELS": json.dumps([model], ensure_ascii=False)}, log_level="INFO"
+    )
+    with pytest.raises(BotExitedError) as exited:
+        await bot.start()
+    log = exited.value.log
+    assert exited.value.returncode != 0
+    naming = [line for line in log.splitlines() if "MEMSUM_MODELS" in line]
+    assert len(naming) == 1, log
+    assert "api_key" in naming[0]
+    assert "Traceback" not in log
+    assert "sk-live" not in log
+    assert "７f3a9c" not in log
+
+
+# ---- The shipped .env.example ------------------------------------------------------------------
+class _ExampleBot(BotProcess):
+    """bot.py with the repository's .env.example as its .env, only the port changed."""
+
+    def _write_dotenv(self) -> None:
+        text = (REPO / ".env.example").read_text(encoding="utf-8")
+        text, n = re.subn(r"(?m)^PORT=\d+$", f"PORT={self.port}", text)
+        assert n == 1
+        (self.workdir / ".env").write_text(text, encoding="utf-8")
+
+
+async def test_the_shipped_env_example_starts_and_never_prints_its_placeholder_key(tmp_path: Path) -> None:
+    bot = _ExampleBot(tmp_path)
+    try:
+        await bot.start()
+    finally:
+        code = await bot.stop()
+    log = bot.log()
+    assert code == 0, log
+    assert "Application startup complete" in log
+    assert "Traceback" not in log
+    assert "sk-your-key" not in log
