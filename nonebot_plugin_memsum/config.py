@@ -43,7 +43,7 @@ DEFAULT_PERSONA = (
 class ModelConfig(BaseModel):
     """One OpenAI-compatible model of `MEMSUM_MODELS`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     id: str = Field(pattern=r"^[^/\s]+/\S+$")
     """`provider/model`, the name preferences use."""
@@ -103,7 +103,7 @@ class ModelConfig(BaseModel):
 class Tier(BaseModel):
     """Overrides one platform tier may carry."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     compress_at: float | None = Field(default=None, ge=0, le=1)
     history_limit: int | None = Field(default=None, ge=0)
@@ -114,6 +114,10 @@ class Tier(BaseModel):
 
 class Config(BaseModel):
     """Plugin configuration (NoneBot reads it from `.env`, case-insensitive)."""
+
+    # NoneBot decodes values as JSON first, and Python's json reads NaN and Infinity: a
+    # timeout or cooldown of `inf` is a typo, not "forever" (R-CFG-1).
+    model_config = ConfigDict(allow_inf_nan=False)
 
     memsum_models: list[ModelConfig] = []
     """JSON list of OpenAI-compatible models (see README)."""

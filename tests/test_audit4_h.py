@@ -122,3 +122,33 @@ async def test_the_shipped_env_example_starts_and_never_prints_its_placeholder_k
     assert "Application startup complete" in log
     assert "Traceback" not in log
     assert "sk-your-key" not in log
+
+
+# ---- Numbers that are not numbers ----------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        # "inf" reaches us as text (not JSON), "Infinity" / "NaN" decoded by NoneBot's json.loads.
+        ({"memsum_llm_timeout": "inf"}, "MEMSUM_LLM_TIMEOUT"),
+        ({"memsum_llm_timeout": float("inf")}, "MEMSUM_LLM_TIMEOUT"),
+        ({"memsum_user_cooldown": "Infinity"}, "MEMSUM_USER_COOLDOWN"),
+        ({"memsum_resume_window": float("inf")}, "MEMSUM_RESUME_WINDOW"),
+        (
+            {
+                "memsum_models": [
+                    {"id": "p/m", "base_url": "http://h/v1", "context_window": 8, "price_out": 1e999}
+                ]
+            },
+            "MEMSUM_MODELS[0][price_out]",
+        ),
+    ],
+)
+def test_an_infinite_timeout_cooldown_window_or_price_stops_start_up_naming_the_key(
+    raw: dict[str, Any], key: str
+) -> None:
+    # Before: MEMSUM_LLM_TIMEOUT=inf let a stalled provider hold a turn for ever, a cooldown of
+    # inf answered each member once in the bot's life, an infinite price showed "inf 元".
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw)
+    assert str(info.value).startswith(f"invalid {key}: ")
+    assert "finite" in str(info.value)
