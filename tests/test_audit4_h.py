@@ -4,15 +4,20 @@ Start-up is judged through bot.py as a subprocess; model calls through the real 
 against the scripted OpenAI-compatible server on 127.0.0.1 (tests/fakes/llm_server.py).
 """
 
+import asyncio
 import json
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 
 from nonebot_plugin_memsum.config import ConfigError, ModelConfig, parse_config
 from nonebot_plugin_memsum.llm.client import LLMClient
+from nonebot_plugin_memsum.llm.errors import LLMBadResponse
 from tests.fakes.botproc import REPO, BotExitedError, BotProcess
 from tests.fakes.llm_server import API_KEY, ScriptedLLM
 from tests.fakes.logs import captured
@@ -152,3 +157,124 @@ def test_an_infinite_timeout_cooldown_window_or_price_stops_start_up_naming_the_
         parse_config(raw)
     assert str(info.value).startswith(f"invalid {key}: ")
     assert "finite" in str(info.value)
+
+
+# ---- Bodies that are no event stream ------------------------------------------------------------
+@asynccontextmanager
+async def _http_server(ctype: str, body: bytes) -> AsyncIterator[str]:
+    """A real HTTP/1.1 server on 127.0.0.1 answering every request 200 with `body`; its base URL."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = re.search(rb"(?i)content-length: *(\d+)", head)
+        await reader.readexactly(int(length.group(1)) if length else 0)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: "
+            + ctype.encode()
+            + b"\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\nConnection: close\r\n\r\n"
+            + body
+        )
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+# songquanpeng/one-api router/web-router.go, SetWebRouter: `router.NoRoute` answers any path not
+# under /v1 with `c.Data(http.StatusOK, "text/html; charset=utf-8", indexPage)`. A base_url
+# written without /v1 (https://oneapi.example.com) so gets the console's index page, status 200.
+ONE_API_INDEX = (
+    b'<!doctype html><html lang="zh"><head><meta charset="utf-8"/><title>One API</title>'
+    b'<script defer="defer" src="/static/js/main.js"></script></head><body>'
+    b'<noscript>You need to enable JavaScript to run this app.</noscript><div id="root"></div></body></html>'
+)
+
+
+async def test_a_base_url_without_v1_that_reaches_a_web_console_is_named_not_called_a_cut_stream() -> None:
+    # Before: LLMStreamCut "stream ended early (no finish reason, no [DONE])", which sends the
+    # owner after the network instead of the base_url.
+    async with _http_server("text/html; charset=utf-8", ONE_API_INDEX) as root:
+        model = ModelConfig(
+            id="oneapi/deepseek-chat", base_url=root, api_key=SecretStr(API_KEY), context_window=65536
+        )
+        client = LLMClient(timeout=10, max_retries=0)
+        try:
+            with pytest.raises(LLMBadResponse) as info:
+                await client.chat(model, MESSAGES, purpose="chat")
+        finally:
+            await client.aclose()
+    message = str(info.value)
+    assert message.startswith("oneapi/deepseek-chat: ")
+    assert "text/html" in message
+    assert "base_url" in message
+    assert "One API" in message
+    assert API_KEY not in message
+
+
+# A server that ignores `stream: true` and answers one plain completion: reported of upstreams
+# in tinyhumansai/tinyagents PR #56 ("stream() JSON fallback when upstream ignores stream:true").
+# The body is OpenAI's documented chat completion object (platform.openai.com/docs/api-reference/
+# chat/object), with DeepSeek's usage fields (api-docs.deepseek.com/api/create-chat-completion).
+PLAIN_COMPLETION = json.dumps(
+    {
+        "id": "930c60df-bf64-41c9-a88e-3ec75f81e00e",
+        "object": "chat.completion",
+        "created": 1705651092,
+        "model": "deepseek-chat",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "在的，有什么事？"},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": 16,
+            "completion_tokens": 10,
+            "total_tokens": 26,
+            "prompt_cache_hit_tokens": 0,
+            "prompt_cache_miss_tokens": 16,
+        },
+    },
+    ensure_ascii=False,
+).encode()
+
+
+async def test_a_server_ignoring_stream_true_is_answered_from_its_plain_completion() -> None:
+    # Before: every streamed call failed as a cut stream, and every message got the apology.
+    async with _http_server("application/json", PLAIN_COMPLETION) as root:
+        model = ModelConfig(id="local/deepseek-chat", base_url=root + "/v1", context_window=65536)
+        client = LLMClient(timeout=10, max_retries=0)
+        try:
+            result = await client.chat(model, MESSAGES, purpose="chat", stream=True)
+        finally:
+            await client.aclose()
+    assert result.content == "在的，有什么事？"
+    assert result.finish_reason == "stop"
+    assert result.usage is not None
+    assert result.usage.prompt_tokens == 16
+
+
+async def test_a_json_error_sent_with_200_to_a_stream_is_shown_not_called_a_cut() -> None:
+    # SiliconFlow's documented error body (docs.siliconflow.cn/faqs/error-code, sent there with
+    # 400), here as a relay that answers every request 200 would pass it on.
+    body = b'{"code":20012,"message":"Model does not exist. Please check it carefully.","data":null}'
+    async with _http_server("application/json", body) as root:
+        model = ModelConfig(
+            id="sf/deepseek-v3", base_url=root + "/v1", api_key=SecretStr(API_KEY), context_window=65536
+        )
+        client = LLMClient(timeout=10, max_retries=0)
+        try:
+            with pytest.raises(LLMBadResponse) as info:
+                await client.chat(model, MESSAGES, purpose="chat")
+        finally:
+            await client.aclose()
+    assert "Model does not exist" in str(info.value)

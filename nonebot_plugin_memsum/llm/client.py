@@ -581,13 +581,25 @@ class _Stream:
         )
 
 
+_PLAIN_LIMIT = 1 << 20
+"""Bytes of a streamed body without events kept to read it as one completion."""
+_SSE_LINE = re.compile(rb"(?::|data\b|event\b|id\b|retry\b)")
+"""How an event stream's first line starts: a comment or a field (WHATWG HTML, server-sent events)."""
+
+
 async def _read_stream(model: ModelConfig, resp: httpx.Response) -> ChatResult:
     acc = _Stream()
     events = SSEDecoder()
     chunks = resp.aiter_bytes()
+    plain = bytearray()
+    """The body while no event came: a server that ignores `stream` answers one JSON completion."""
+    seen = False
     try:
         async for chunk in chunks:
+            if not seen and len(plain) < _PLAIN_LIMIT:
+                plain += chunk
             for payload in events.feed(chunk):
+                seen = True
                 _dispatch(model, acc, payload)
                 if acc.done:
                     break
@@ -595,6 +607,7 @@ async def _read_stream(model: ModelConfig, resp: httpx.Response) -> ChatResult:
                 break
         else:
             for payload in events.close():
+                seen = True
                 _dispatch(model, acc, payload)
     except httpx.TimeoutException:
         raise
@@ -605,6 +618,19 @@ async def _read_stream(model: ModelConfig, resp: httpx.Response) -> ChatResult:
         return acc.result(model.id)
     if acc.done:
         await _drain(chunks)
+    elif not seen and plain.lstrip().startswith(b"{"):
+        # `stream: true` ignored (some gateways and self-hosted servers): one plain completion,
+        # or a JSON error sent with 200, which _parse_completion names.
+        return _parse_completion(model, bytes(plain))
+    elif not seen and plain.strip() and not _SSE_LINE.match(plain.lstrip()):
+        # A body that is no event stream at all was not cut: a web page (a base_url naming a
+        # site, not its API) or a proxy's notice. Say so, with its start, not "ended early".
+        detail = _detail(plain[:_DETAIL_CHARS].decode("utf-8", "replace").strip(), model)
+        ctype = resp.headers.get("content-type", "?")
+        raise LLMBadResponse(
+            f"{model.id}: the answer is not an event stream ({ctype}: {detail}); check base_url",
+            model_id=model.id,
+        )
     elif acc.finish_reason is None:
         raise LLMStreamCut(f"{model.id}: stream ended early (no finish reason, no [DONE])", model_id=model.id)
     return acc.result(model.id)
