@@ -75,6 +75,24 @@ class ModelConfig(BaseModel):
     chat: bool = True
     """Whether the model can hold a chat (summaries and replies need this)."""
 
+    @field_validator("base_url", mode="before")
+    @classmethod
+    def _trimmed_url(cls, url: object) -> object:
+        return url.strip() if isinstance(url, str) else url
+
+    @field_validator("base_url")
+    @classmethod
+    def _api_root(cls, url: str) -> str:
+        if any(ch.isspace() or not ch.isprintable() for ch in url):
+            raise ValueError("base_url has a space or a line break in it")
+        if urlsplit(url).path.rstrip("/").endswith("/chat/completions"):
+            # Providers' curl examples show the full endpoint; the client appends it itself.
+            raise ValueError(
+                "base_url is the API root, e.g. https://api.deepseek.com/v1, without /chat/completions "
+                "(the bot appends it)"
+            )
+        return url
+
     @model_validator(mode="after")
     def _defaults(self) -> ModelConfig:
         if not self.model:

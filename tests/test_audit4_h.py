@@ -278,3 +278,34 @@ async def test_a_json_error_sent_with_200_to_a_stream_is_shown_not_called_a_cut(
         finally:
             await client.aclose()
     assert "Model does not exist" in str(info.value)
+
+
+# ---- base_url as owners paste it ------------------------------------------------------------------
+def test_a_base_url_copied_with_chat_completions_from_a_curl_example_stops_start_up_naming_it() -> None:
+    # DeepSeek's quick start (api-docs.deepseek.com) shows `curl https://api.deepseek.com/chat/completions`;
+    # the client appends /chat/completions, so every request would go to …/chat/completions/chat/completions.
+    model = {"id": "deepseek/deepseek-chat", "base_url": "https://api.deepseek.com/chat/completions/"}
+    with pytest.raises(ConfigError) as info:
+        parse_config({"memsum_models": [{**model, "api_key": "sk-abc", "context_window": 65536}]})
+    message = str(info.value)
+    assert message.startswith("invalid MEMSUM_MODELS[0][base_url]: ")
+    assert "without /chat/completions" in message
+
+
+async def test_a_base_url_with_a_line_break_or_spaces_around_it_still_answers(llm: ScriptedLLM) -> None:
+    # Before: a trailing newline raised httpx.InvalidURL, no model error, at every message.
+    llm.reset()
+    config = llm.model_config()
+    model = ModelConfig.model_validate({**config, "base_url": f" {config['base_url']}/\n"})
+    client = LLMClient(timeout=10, max_retries=0)
+    try:
+        result = await client.chat(model, MESSAGES, purpose="chat")
+    finally:
+        await client.aclose()
+    assert result.content == "好的"
+
+
+def test_a_base_url_with_a_space_inside_is_refused_naming_it() -> None:
+    model = {"id": "p/m", "base_url": "https://api.deepseek.com /v1", "context_window": 8000}
+    with pytest.raises(ConfigError, match=re.escape("invalid MEMSUM_MODELS[0][base_url]: ")):
+        parse_config({"memsum_models": [model]})
