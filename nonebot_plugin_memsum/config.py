@@ -29,6 +29,7 @@ TIER_NAMES = ("onebot", "onebot.group", "onebot.private")
 Mode = Literal["on", "record", "off"]
 """开: record and answer; 仅记录: record and compress, never answer; 关: neither."""
 DB_URL_FORM = "must look like postgresql://user:password@host:port/dbname (empty: SQLite)"
+PASSWORD_ENCODING = "in a password, @ / # ? and : are written %40 %2F %23 %3F %3A"
 PERSONA_MAX = 1000
 """Characters a persona may have: it is sent with every call of its place."""
 DEFAULT_PERSONA = (
@@ -225,7 +226,11 @@ class Config(BaseModel):
             parts = urlsplit(value)
             parts.port
         except ValueError:
-            raise ValueError(DB_URL_FORM + " (the port is not a number)") from None
+            raise ValueError(f"{DB_URL_FORM} (the port is not a number; {PASSWORD_ENCODING})") from None
+        if "@" in parts.path + parts.query + parts.fragment:
+            # A password with a bare / ? or # ends the host part early: the rest of the
+            # password would then be taken for the host and the path, and shown as them.
+            raise ValueError(f"{DB_URL_FORM} ({PASSWORD_ENCODING})")
         if parts.scheme not in ("postgresql", "postgres") or not parts.hostname or len(parts.path) < 2:
             raise ValueError(DB_URL_FORM)
         return SecretStr(value)

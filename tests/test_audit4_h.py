@@ -19,8 +19,10 @@ from nonebot_plugin_memsum.config import ConfigError, ModelConfig, parse_config
 from nonebot_plugin_memsum.llm.client import LLMClient
 from nonebot_plugin_memsum.llm.errors import LLMBadResponse
 from tests.fakes.botproc import REPO, BotExitedError, BotProcess
-from tests.fakes.llm_server import API_KEY, ScriptedLLM
+from tests.fakes.e2e import connected, wait_log
+from tests.fakes.llm_server import API_KEY, Reply, ScriptedLLM
 from tests.fakes.logs import captured
+from tests.fakes.onebot import SEND_ACTIONS
 
 MESSAGES = [{"role": "user", "content": "[小明(12345)] 在吗？"}]
 
@@ -309,3 +311,76 @@ def test_a_base_url_with_a_space_inside_is_refused_naming_it() -> None:
     model = {"id": "p/m", "base_url": "https://api.deepseek.com /v1", "context_window": 8000}
     with pytest.raises(ConfigError, match=re.escape("invalid MEMSUM_MODELS[0][base_url]: ")):
         parse_config({"memsum_models": [model]})
+
+
+# ---- A wrong key, through the whole bot ----------------------------------------------------------
+# OpenAI's documented 401 (platform.openai.com/docs/guides/error-codes, "401 - Incorrect API key
+# provided"): {"error": {"message": "Incorrect API key provided: sk-…", "type":
+# "invalid_request_error", "param": null, "code": "invalid_api_key"}}; here echoing the whole key,
+# as some relays do instead of OpenAI's masked form.
+WRONG_KEY_BODY = json.dumps(
+    {
+        "error": {
+            "message": f"Incorrect API key provided: {API_KEY}. You can find your API key at "
+            "https://platform.openai.com/account/api-keys.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "invalid_api_key",
+        }
+    }
+)
+
+
+async def test_a_wrong_key_gets_a_short_chinese_apology_and_no_secret_reaches_chat_or_log(
+    tmp_path: Path, llm: ScriptedLLM
+) -> None:
+    llm.reset()
+    llm.on_request(lambda body: Reply(status=401, raw=WRONG_KEY_BODY))
+    onebot_token = "onebot-token-Qx7vR2mZ"
+    web_token = "web-token-8hJ3kL0pW5sD2fG"
+    env = {
+        "MEMSUM_MODELS": json.dumps([llm.model_config("openai/gpt-4o-mini")]),
+        "MEMSUM_WEB_TOKEN": web_token,
+    }
+    bot = BotProcess(tmp_path, env=env, access_token=onebot_token, log_level="INFO")
+    async with bot, connected(bot) as sim:
+        await sim.private_message(10001, "你好，在吗？")
+        apology = await sim.wait_call(set(SEND_ACTIONS))
+        await wait_log(bot, "memsum: turn ")
+        before = len(sim.calls)
+        await sim.private_message(10001, "/用量")
+        await sim.wait_call(set(SEND_ACTIONS), after=before)
+        before = len(sim.calls)
+        await sim.private_message(10001, "/摘要")
+        await sim.wait_call(set(SEND_ACTIONS), after=before)
+        texts = sim.sent_texts()
+    log = bot.log()
+    assert len(texts) == 3
+    assert texts[0] == "抱歉，我这边出了点问题，请稍后再试。", apology
+    failed = [line for line in log.splitlines() if "failed" in line and "openai/gpt-4o-mini" in line]
+    assert failed, log
+    assert any("401" in line for line in failed)
+    for secret in (API_KEY, onebot_token, web_token):
+        assert secret not in log
+        assert not any(secret in t for t in texts), texts
+    assert "Traceback" not in log
+
+
+# ---- A PostgreSQL password with a character URLs reserve -------------------------------------------
+async def test_a_db_password_with_a_bare_slash_and_at_stops_start_up_without_showing_any_of_it(
+    tmp_path: Path,
+) -> None:
+    # Password `p@ss/w0rd` written as is: the URL's host part ended at the `/`, the config took
+    # host `ss` and path `/w0rd@127.0.0.1:1/memsum`, and start-up logged "cannot connect to
+    # postgresql://memsum@ss/w0rd@…", most of the password.
+    url = "postgresql://memsum:p@ss/w0rd@127.0.0.1:1/memsum"
+    bot = BotProcess(tmp_path, env={"MEMSUM_DB_URL": url}, log_level="INFO")
+    with pytest.raises(BotExitedError) as exited:
+        await bot.start()
+    log = exited.value.log
+    lines = [line for line in log.splitlines() if "MEMSUM_DB_URL" in line]
+    assert len(lines) == 1, log
+    assert "%40" in lines[0]
+    assert "%2F" in lines[0]
+    assert "w0rd" not in log
+    assert "Traceback" not in log
