@@ -17,7 +17,7 @@ from pydantic import SecretStr
 
 from nonebot_plugin_memsum.config import ConfigError, ModelConfig, parse_config
 from nonebot_plugin_memsum.llm.client import LLMClient
-from nonebot_plugin_memsum.llm.errors import LLMBadResponse
+from nonebot_plugin_memsum.llm.errors import LLMBadResponse, LLMConnectError
 from tests.fakes.botproc import REPO, BotExitedError, BotProcess
 from tests.fakes.e2e import connected, wait_log
 from tests.fakes.llm_server import API_KEY, Reply, ScriptedLLM
@@ -384,3 +384,37 @@ async def test_a_db_password_with_a_bare_slash_and_at_stops_start_up_without_sho
     assert "%2F" in lines[0]
     assert "w0rd" not in log
     assert "Traceback" not in log
+
+
+# ---- The environment's proxy ---------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("name", "proxy"),
+    [("ALL_PROXY", "socks5://127.0.0.1:9"), ("HTTPS_PROXY", "ftp://me:Proxy-Pass-77@127.0.0.1:9")],
+)
+async def test_a_socks_proxy_in_the_environment_fails_as_a_model_error_naming_the_proxy(
+    monkeypatch: pytest.MonkeyPatch, name: str, proxy: str
+) -> None:
+    # Clash / v2ray users export ALL_PROXY=socks5://127.0.0.1:7890; httpx reads it and, without
+    # the optional socksio package, raised ImportError out of the model layer at every message
+    # (a traceback per turn instead of one model error).
+    for name in ("NO_PROXY", "no_proxy", "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    # A proxy URL httpx cannot use raised ValueError quoting it, password and all.
+    monkeypatch.delenv("ALL_PROXY", raising=False)
+    monkeypatch.setenv(name, proxy)
+    model = ModelConfig(
+        id="deepseek/deepseek-chat",
+        base_url="https://api.deepseek.com/v1",
+        api_key=SecretStr(API_KEY),
+        context_window=65536,
+    )
+    client = LLMClient(timeout=10, max_retries=0)
+    try:
+        with pytest.raises(LLMConnectError) as info:
+            await client.chat(model, MESSAGES, purpose="chat")
+    finally:
+        await client.aclose()
+    assert str(info.value).startswith("deepseek/deepseek-chat: ")
+    assert "proxy" in str(info.value)
+    assert API_KEY not in str(info.value)
+    assert "Proxy-Pass-77" not in str(info.value)

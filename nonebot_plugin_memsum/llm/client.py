@@ -225,12 +225,23 @@ class LLMClient:
         if self._http is None:
             # Made off the loop: httpx builds its TLS context (reads the CA bundle, ~50 ms of
             # CPU) with the client, and the first request after every start stalled the loop.
-            http = await asyncio.to_thread(
-                httpx.AsyncClient,
-                transport=self._transport,
-                timeout=httpx.Timeout(self._timeout),
-                limits=POOL_LIMITS,
-            )
+            try:
+                http = await asyncio.to_thread(
+                    httpx.AsyncClient,
+                    transport=self._transport,
+                    timeout=httpx.Timeout(self._timeout),
+                    limits=POOL_LIMITS,
+                )
+            except (ImportError, ValueError) as err:
+                # The proxy of the environment (ALL_PROXY=socks5://… without socksio, or a URL
+                # httpx cannot read): say so, as a model error, not a traceback per message. A
+                # ValueError's text quotes the proxy URL, which may hold a password: not shown.
+                why = _detail(err, model) if isinstance(err, ImportError) else "the proxy URL is not usable"
+                raise LLMConnectError(
+                    f"{model.id}: cannot make the HTTP client from the proxy settings (ALL_PROXY, "
+                    f"HTTPS_PROXY): {why}",
+                    model_id=model.id,
+                ) from None
             if self._closed:  # closed meanwhile: nothing may reopen it
                 await http.aclose()
                 raise LLMConnectError(f"{model.id}: the model client is closed", model_id=model.id)
