@@ -199,8 +199,8 @@ def build_units(span: Sequence[Message]) -> list[Unit]:
         if results is not None:
             indexes = (i, *results)
             messages = tuple(span[j] for j in indexes)
-            earlier.update((c.id, c.name) for c in m.tool_calls)
             names = {c.id: c.name for c in m.tool_calls}
+            earlier.update(names)
             units.append(Unit(indexes, messages, groups.complete[i], render_unit(messages, names)))
         elif i not in groups.member:  # else a result, already in its group
             # A lone tool result cannot be kept verbatim.

@@ -459,7 +459,7 @@ def _number(text: str) -> int | float:
     return int(text) if text.lstrip("-").isdigit() else float(text)
 
 
-def _no_nul(params: Sequence[Any]) -> list[Any]:
+def no_nul(params: Sequence[Any]) -> list[Any]:
     """PostgreSQL text cannot hold NUL (SQLite's can): a message carrying one is stored with
     U+FFFD in its place rather than refused and lost."""
     return [p.replace("\x00", "\ufffd") if isinstance(p, str) and "\x00" in p else p for p in params]
@@ -542,14 +542,14 @@ class PostgresDb(Db):
 
     async def insert(self, sql: str, params: Sequence[Any]) -> int:
         try:
-            new_id = await self._conn.fetchval(_numbered(sql) + " RETURNING id", *_no_nul(params))
+            new_id = await self._conn.fetchval(_numbered(sql) + " RETURNING id", *no_nul(params))
         except self._errors() as err:
             raise self._failed(err, "write") from err
         return int(cast(int, new_id))
 
     async def write(self, sql: str, params: Sequence[Any] = ()) -> None:
         try:
-            await self._conn.execute(_numbered(sql), *_no_nul(params))
+            await self._conn.execute(_numbered(sql), *no_nul(params))
         except self._errors() as err:
             raise self._failed(err, "write") from err
 
@@ -613,7 +613,7 @@ class PostgresDb(Db):
             f"WITH m AS ({sql} RETURNING id), i AS (INSERT INTO search_index (id, doc)"
             " SELECT id, CAST(CAST(? AS TEXT) AS tsvector) FROM m) SELECT id FROM m"
         )
-        rows = await self.fetch(both, (*_no_nul(params), doc))
+        rows = await self.fetch(both, (*no_nul(params), doc))
         return int(rows[0][0])
 
     async def forget(self, session_id: str) -> None:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from . import pg_search, search
-from .engine import Db, PostgresDb, Row, SqliteDb, _no_nul
+from .engine import Db, PostgresDb, Row, SqliteDb, no_nul
 
 CHUNK = 5000
 """Rows per chunk of an id-keyed table by default: one transaction of the target each."""
@@ -162,8 +162,8 @@ Progress = Callable[[str], None]
 
 def _as_stored(rows: Sequence[Row]) -> list[Row]:
     """The file's rows as PostgreSQL stores them: a NUL in a text becomes U+FFFD there, as the
-    store writes it (engine._no_nul), so such a row is copied once and verifies."""
-    return [tuple(_no_nul(row)) for row in rows]
+    store writes it (engine.no_nul), so such a row is copied once and verifies."""
+    return [tuple(no_nul(row)) for row in rows]
 
 
 def _checksum(rows: Sequence[Row], digest: Any) -> None:
