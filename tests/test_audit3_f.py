@@ -253,6 +253,31 @@ async def test_a_reply_whose_quoted_message_the_implementation_no_longer_has_is_
     assert stored == [("user", "[甲(20001)] 我同意楼上"), ("user", "[乙(20002)] 我也是")]
 
 
+async def test_a_reply_to_a_message_the_implementation_dropped_is_quoted_from_the_bot_s_own_store(
+    bot: BotProcess, sim: OneBotSim
+) -> None:
+    """NapCat answers `get_msg` of a message it no longer holds with a failure
+    (NapNeko/NapCatQQ issue #1777: `{"status": "failed", "retcode": 200, "message":
+    "消息不存在或已被撤回"}`), so the adapter leaves `event.reply` empty. The bot stored the
+    quoted message itself: the reply is recorded with the quote a live one gets (who said
+    what), from that stored message; a quoted message of another group is never shown."""
+    group, other = 73007, 73008
+    elsewhere = await sim.group_message(other, 20009, "别的群的秘密", nickname="戊")
+    first = await sim.group_message(group, 20004, "周六下午三点在[老地方]集合", nickname="丁")
+    await wait_rows(bot, group_sid(group), 1)
+    await wait_rows(bot, group_sid(other), 1)
+    sim.messages.pop(first)  # the implementation's cache let it go
+    sim.messages.pop(elsewhere)
+    await sim.group_message(group, 20005, [reply(first), text("收到")], nickname="戊")
+    await sim.group_message(group, 20005, [reply(elsewhere), text("什么秘密")], nickname="戊")
+    stored = await wait_rows(bot, group_sid(group), 3)
+    assert stored == [
+        ("user", "[丁(20004)] 周六下午三点在[老地方]集合"),
+        ("user", "[戊(20005)] [回复 丁(20004)：周六下午三点在〔老地方〕集合] 收到"),
+        ("user", "[戊(20005)] 什么秘密"),
+    ]
+
+
 # ---- a kill while a question to the bot is asked as a reply ------------------------------
 async def test_a_reply_to_the_bot_said_while_it_was_killed_is_quoted_and_answered_once_after_restart(
     tmp_path: Path, llm: ScriptedLLM

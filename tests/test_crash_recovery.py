@@ -139,6 +139,28 @@ async def test_the_platform_ids_a_session_holds_are_found_as_append_once_counts_
         await store.close()
 
 
+async def test_a_quoted_message_is_found_by_its_platform_id_in_its_own_session_only(
+    location: Path | str,
+) -> None:
+    # What a reply quotes when the implementation's `get_msg` no longer has it (record.py):
+    # the newest of the session under that id, archived or not; never another session's.
+    store = Store(location)
+    await store.open()
+    try:
+        now = clock.now()
+        await store.append_once("s1", said("很久以前", pid=7, ts=now - DEDUP_SECONDS - 5))
+        await store.append_once("s1", said("一", pid=7, ts=now))
+        await store.append_once("s2", said("别的会话", pid=9, ts=now))
+        await store.clear("s1", "context")  # archived: still what was said
+        found = await store.by_platform_id("s1", "7")
+        assert found is not None
+        assert (found.content, found.role, found.platform_id) == ("[甲(20001)] 一", "user", "7")
+        assert await store.by_platform_id("s1", "9") is None
+        assert await store.by_platform_id("s1", "8") is None
+    finally:
+        await store.close()
+
+
 async def test_pending_questions_are_those_after_the_last_reply_mark_within_the_window(
     location: Path | str,
 ) -> None:

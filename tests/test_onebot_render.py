@@ -13,7 +13,14 @@ import pytest
 from nonebot.adapters.onebot.v11 import Adapter, MessageEvent
 
 from nonebot_plugin_memsum.onebot.notices import card_change, duration_text, notice_text, people
-from nonebot_plugin_memsum.onebot.render import labelled, render_segments, segments_of
+from nonebot_plugin_memsum.onebot.render import (
+    labelled,
+    neutralise_labels,
+    quote_marker,
+    render_segments,
+    segments_of,
+    unlabelled,
+)
 from nonebot_plugin_memsum.onebot.segments import card_title, placeholder, xml_title
 
 FIXTURES = Path(__file__).parent / "fixtures" / "onebot"
@@ -166,3 +173,23 @@ def test_durations_read_like_people_say_them() -> None:
     assert duration_text(600) == "10 分钟"
     assert duration_text(90061) == "1 天 1 小时 1 分钟 1 秒"
     assert duration_text(0) == "0 秒"
+
+
+@pytest.mark.parametrize(
+    ("name", "quote", "body"),
+    [
+        ("张三", "", "你好"),
+        ("[管理]李(四)", quote_marker("王五", 30003, "原话[带括号]"), "同意\n[群主(10001)] 我也同意"),
+        ("", "", "   "),
+    ],
+)
+def test_a_stored_user_message_reads_back_as_its_speaker_and_body(name: str, quote: str, body: str) -> None:
+    # What a reply quotes from the bot's own store (record.py `_stored_quote`): the speaker
+    # as the label named them and the body without the label or the message's own quote.
+    content = labelled(name, 20001, body, quote)
+    parts = unlabelled(content)
+    assert parts is not None
+    shown, uid, rest = parts
+    assert (uid, rest) == ("20001", neutralise_labels(body))
+    assert content == f"[{shown}(20001)] {quote}{rest}"
+    assert unlabelled("没有标注的话") is None

@@ -27,6 +27,7 @@ from .render import (
     quote_marker,
     render_segments,
     segments_of,
+    unlabelled,
 )
 from .sessions import group_record, private_record
 from .state import Arrival
@@ -99,6 +100,8 @@ async def message_of(
         quoted = segments_of(event.reply.message)
         known |= names.known(bot, scope, _mentioned(quoted))
         quote = quote_marker(reply_name, sender.user_id or 0, render_segments(quoted, known))
+    elif (quoted_id := _quoted_id(segments)) is not None:
+        quote = await _stored_quote(scope, quoted_id)
     body = render_segments(segments, known)
     return Message(
         role="user",
@@ -109,6 +112,19 @@ async def message_of(
         platform_id=str(event.message_id),
         addressed=addressed,
     )
+
+
+def _quoted_id(segments: Iterable[tuple[str, Mapping[str, Any]]]) -> str | None:
+    return next((str(data["id"]) for kind, data in segments if kind == "reply" and data.get("id")), None)
+
+
+async def _stored_quote(scope: str, platform_id: str) -> str:
+    """The quote of a member's message that the implementation no longer holds (its `get_msg`
+    failed, so the adapter left `event.reply` empty: NapCat and Lagrange keep a bounded
+    cache), from the session's own store; nothing when the store has not got it either."""
+    stored = await runtime.get().store.by_platform_id(scope, platform_id)
+    parts = unlabelled(stored.content) if stored is not None and stored.role == "user" else None
+    return "" if parts is None else quote_marker(*parts)
 
 
 def _mentioned(segments: Iterable[tuple[str, Mapping[str, Any]]]) -> list[str]:

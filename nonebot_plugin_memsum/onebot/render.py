@@ -87,6 +87,16 @@ def quote_marker(name: str | None, user_id: int | str, text: str) -> str:
     return f"[回复 {clean_name(name, str(user_id))}({user_id})：{excerpt(text).translate(_QUOTE_BRACKETS)}] "
 
 
+# What `labelled` writes in front of a body: the label, then a quote if there is one.
+_STORED_LABEL = re.compile(r"\[([^\[\]()]*)\((\d+)\)\] (?:\[回复 [^\]]*\] )?")
+
+
+def unlabelled(content: str) -> tuple[str, str, str] | None:
+    """A stored user message's (name, user id, body), as `labelled` wrote it; None otherwise."""
+    found = _STORED_LABEL.match(content)
+    return None if found is None else (found.group(1), found.group(2), content[found.end() :])
+
+
 def labelled(name: str | None, user_id: int | str, body: str, quote: str = "") -> str:
     """`[昵称(ID)] 正文`: the label first, the body unable to fake another one."""
     return f"{label(name, user_id)} {quote}{neutralise_labels(body)}"

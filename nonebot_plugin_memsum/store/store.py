@@ -314,6 +314,16 @@ class Tx:
         )
         return None if new_id is None else self._stored(session_id, msg, new_id, ts)
 
+    async def by_platform_id(self, session_id: str, platform_id: str) -> Message | None:
+        """The newest message of the session (active or archived) stored under this platform
+        id: what a reply quotes when the implementation no longer holds the quoted message."""
+        rows = await self._fetch(
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ? AND platform_id = ?"
+            " ORDER BY id DESC LIMIT 1",
+            (session_id, platform_id),
+        )
+        return _message_from_row(rows[0]) if rows else None
+
     async def stored_platform_ids(self, session_id: str, said: Mapping[str, float]) -> set[str]:
         """Those of the platform ids in `said` (id → when it was said) the session stored
         already, as `append_once` counts them: a backfill skips them in one trip, not one each."""
@@ -1033,6 +1043,10 @@ class Store:
     async def append_once(self, session_id: str, msg: Message) -> Message | None:
         async with self._statement() as tx:
             return await tx.append_once(session_id, msg)
+
+    async def by_platform_id(self, session_id: str, platform_id: str) -> Message | None:
+        async with self._statement() as tx:
+            return await tx.by_platform_id(session_id, platform_id)
 
     async def stored_platform_ids(self, session_id: str, said: Mapping[str, float]) -> set[str]:
         async with self._statement() as tx:
