@@ -266,8 +266,8 @@ async def test_a_reply_to_a_message_the_implementation_dropped_is_quoted_from_th
     first = await sim.group_message(group, 20004, "周六下午三点在[老地方]集合", nickname="丁")
     await wait_rows(bot, group_sid(group), 1)
     await wait_rows(bot, group_sid(other), 1)
-    sim.messages.pop(first)  # the implementation's cache let it go
-    sim.messages.pop(elsewhere)
+    sim.forget(first)  # the implementation's cache let it go
+    sim.forget(elsewhere)
     await sim.group_message(group, 20005, [reply(first), text("收到")], nickname="戊")
     await sim.group_message(group, 20005, [reply(elsewhere), text("什么秘密")], nickname="戊")
     stored = await wait_rows(bot, group_sid(group), 3)
@@ -344,3 +344,41 @@ async def test_a_reply_to_the_bot_said_while_it_was_killed_is_quoted_and_answere
 
 async def _true(value: object) -> bool:
     return bool(value)
+
+
+async def test_a_reply_to_an_answer_the_implementation_forgot_still_asks_the_bot_live_and_after_restart(
+    tmp_path: Path, llm: ScriptedLLM
+) -> None:
+    """Issue 3: replying to one of the bot's messages addresses it. The adapter learns that
+    from `get_msg` (nonebot/adapters/onebot/v11/bot.py `_check_reply`), which NapCat answers
+    with a failure once it no longer holds the message (NapNeko/NapCatQQ issue #1777:
+    「消息不存在或已被撤回」, as after NapCat's own restart). The bot noted the id its answer
+    went out under: such a reply is still quoted as the bot's and answered, live and when
+    the backfill brings it after the bot's own restart."""
+    llm.reset()
+    llm.on_request(lambda b: Reply(ANSWER) if is_chat(b) else None)
+    group = 73102
+    sid = group_sid(group)
+    async with BotProcess(tmp_path / "bot", env=env(llm)) as proc:
+        sim = OneBotSim(proc.ws_url, self_id=SELF_ID, access_token=proc.access_token)
+        await sim.connect()
+        await wait_log(proc, f"Bot {SELF_ID} connected")
+        await sim.group_message(group, 20001, [at(SELF_ID), text(" 周末去哪玩")], nickname="甲")
+        await wait_rows(proc, sid, 2)
+        answer_id = (await bot_said(sim, group))[0].message_id
+        sim.forget(answer_id)  # NapCat's cache let it go
+        await sim.group_message(group, 20002, [reply(answer_id), text("那周日呢")], nickname="乙")
+        live_rows = await wait_rows(proc, sid, 4)
+        assert live_rows[2] == ("user", f"[乙(20002)] [回复 小记({SELF_ID})：{ANSWER}] 那周日呢")
+        assert live_rows[3] == ("assistant", ANSWER)
+
+        await proc.kill()
+        await asyncio.wait_for(sim.disconnected.wait(), 15)
+        await sim.group_message(group, 20003, [reply(answer_id), text("再讲一遍？")], nickname="丙")
+        await proc.start()
+        await sim.connect()
+        await wait_log(proc, f"Bot {SELF_ID} connected")
+        stored = await wait_rows(proc, sid, 6, within=30)
+        assert stored[4] == ("user", f"[丙(20003)] [回复 小记({SELF_ID})：{ANSWER}] 再讲一遍？")
+        assert stored[5] == ("assistant", ANSWER)
+        await sim.close()

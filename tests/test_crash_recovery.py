@@ -161,6 +161,29 @@ async def test_a_quoted_message_is_found_by_its_platform_id_in_its_own_session_o
         await store.close()
 
 
+async def test_an_answer_is_named_by_the_id_it_went_out_under_only_when_it_is_the_newest(
+    location: Path | str,
+) -> None:
+    # send.py notes the platform id of a sent answer, so a reply quoting it asks the bot
+    # after the implementation forgot it; an apology sent without a stored answer names nothing.
+    store = Store(location)
+    await store.open()
+    try:
+        await store.append("s1", Message(role="assistant", content="旧的回答"))
+        await store.append("s1", Message(role="assistant", content="新的回答"))
+        await store.append("s1", said("一"))
+        await store.name_answer("s1", "出错了，请稍后再试", "900")  # not what was stored
+        await store.name_answer("s1", "旧的回答", "901")  # not the newest answer
+        await store.name_answer("s2", "新的回答", "902")  # another session
+        assert [await store.by_platform_id("s1", p) for p in ("900", "901", "902")] == [None] * 3
+        await store.name_answer("s1", "新的回答", "903")
+        found = await store.by_platform_id("s1", "903")
+        assert found is not None
+        assert (found.role, found.content) == ("assistant", "新的回答")
+    finally:
+        await store.close()
+
+
 async def test_pending_questions_are_those_after_the_last_reply_mark_within_the_window(
     location: Path | str,
 ) -> None:

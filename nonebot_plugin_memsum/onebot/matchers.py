@@ -26,7 +26,7 @@ from nonebot_plugin_memsum.types import SessionRecord
 
 from . import fastpath, recovery
 from .fastpath import Claim, Route
-from .record import notice_record, record_message, record_notice, record_of
+from .record import notice_record, quotes_forgotten_answer, record_message, record_notice, record_of
 from .render import is_empty
 from .send import replier
 from .sessions import entry_of, group_session_id, private_session_id
@@ -124,7 +124,11 @@ def register_matchers(priority: int, is_command: Callable[[T_State], bool], comm
             release_arrival(event)
             logger.debug(f"memsum: not recording a message of {place.id}: mode off")
             return
-        asks = mode == "on" and (isinstance(event, PrivateMessageEvent) or event.is_tome())
+        asks = mode == "on" and (
+            isinstance(event, PrivateMessageEvent)
+            or event.is_tome()
+            or await quotes_forgotten_answer(bot, event)
+        )
         record, msg = await record_message(
             bot, event, runtime.get().onebot.arrivals.of(event), addressed=asks
         )

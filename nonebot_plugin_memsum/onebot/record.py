@@ -101,7 +101,7 @@ async def message_of(
         known |= names.known(bot, scope, _mentioned(quoted))
         quote = quote_marker(reply_name, sender.user_id or 0, render_segments(quoted, known))
     elif (quoted_id := _quoted_id(segments)) is not None:
-        quote = await _stored_quote(scope, quoted_id)
+        quote = await _stored_quote(bot, scope, quoted_id)
     body = render_segments(segments, known)
     return Message(
         role="user",
@@ -118,13 +118,28 @@ def _quoted_id(segments: Iterable[tuple[str, Mapping[str, Any]]]) -> str | None:
     return next((str(data["id"]) for kind, data in segments if kind == "reply" and data.get("id")), None)
 
 
-async def _stored_quote(scope: str, platform_id: str) -> str:
-    """The quote of a member's message that the implementation no longer holds (its `get_msg`
-    failed, so the adapter left `event.reply` empty: NapCat and Lagrange keep a bounded
-    cache), from the session's own store; nothing when the store has not got it either."""
+async def _stored_quote(bot: Bot, scope: str, platform_id: str) -> str:
+    """The quote of a message that the implementation no longer holds (its `get_msg` failed,
+    so the adapter left `event.reply` empty: NapCat and Lagrange keep a bounded cache), from
+    the session's own store: a member's message, or an answer of the bot (`send.py` notes
+    the id it went out under); nothing when the store has not got it either."""
     stored = await runtime.get().store.by_platform_id(scope, platform_id)
+    if stored is not None and stored.role == "assistant":
+        return quote_marker(names.bot_name(), bot.self_id, stored.content)
     parts = unlabelled(stored.content) if stored is not None and stored.role == "user" else None
     return "" if parts is None else quote_marker(*parts)
+
+
+async def quotes_forgotten_answer(bot: Bot, event: MessageEvent) -> bool:
+    """A reply to one of the bot's answers that the implementation no longer holds: the
+    adapter's `_check_reply` could not tell it asks the bot; the session's store can."""
+    if event.reply is not None:
+        return False
+    quoted_id = _quoted_id(segments_of(event.original_message))
+    if quoted_id is None:
+        return False
+    stored = await runtime.get().store.by_platform_id(record_of(bot, event)[0].id, quoted_id)
+    return stored is not None and stored.role == "assistant"
 
 
 def _mentioned(segments: Iterable[tuple[str, Mapping[str, Any]]]) -> list[str]:

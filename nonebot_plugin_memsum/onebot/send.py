@@ -8,6 +8,9 @@ from nonebot.log import logger
 
 from nonebot_plugin_memsum import runtime
 from nonebot_plugin_memsum.agent.turn import ReplyFn
+from nonebot_plugin_memsum.errors import StoreError
+
+from .record import record_of
 
 FORWARD_PART = 1500
 PLAIN_PART = 3000
@@ -17,13 +20,21 @@ def replier(bot: Bot, event: MessageEvent) -> ReplyFn:
     """How a turn answers this event: in a group, quoting it."""
 
     async def send(text: str) -> None:
-        await send_reply(bot, event, text, quote=isinstance(event, GroupMessageEvent))
+        sent = await send_reply(bot, event, text, quote=isinstance(event, GroupMessageEvent))
+        if sent is not None:
+            # A later reply to this answer asks the bot even after the implementation forgot
+            # it (record.py `quotes_forgotten_answer`).
+            try:
+                await runtime.get().store.name_answer(record_of(bot, event)[0].id, text, sent)
+            except StoreError as err:
+                logger.warning(f"memsum: could not note the id of a sent answer: {err}")
 
     return send
 
 
-async def send_reply(bot: Bot, event: MessageEvent, text: str, *, quote: bool = False) -> None:
-    """Plain text; in groups a long text goes out as a merged-forward message.
+async def send_reply(bot: Bot, event: MessageEvent, text: str, *, quote: bool = False) -> str | None:
+    """Plain text; in groups a long text goes out as a merged-forward message. Returns the
+    platform id of what went out (the first part of a long one), when the implementation says.
 
     `quote`: the answer quotes the message it answers, so a busy group sees to whom.
     """
@@ -43,15 +54,25 @@ async def send_reply(bot: Bot, event: MessageEvent, text: str, *, quote: bool = 
             for part in split_text(text, FORWARD_PART)
         ]
         try:
-            await bot.call_api("send_group_forward_msg", group_id=event.group_id, messages=nodes)
-            return
+            return _sent_id(
+                await bot.call_api("send_group_forward_msg", group_id=event.group_id, messages=nodes)
+            )
         except Exception as err:
             logger.info(f"memsum: merged-forward not available ({type(err).__name__}); sending plain text")
+    first: str | None = None
     for i, part in enumerate(split_text(text, PLAIN_PART)):
         if quote and i == 0:
-            await bot.send(event, MessageSegment.reply(event.message_id) + part)
+            sent = await bot.send(event, MessageSegment.reply(event.message_id) + part)
         else:
-            await bot.send(event, part)
+            sent = await bot.send(event, part)
+        first = _sent_id(sent) if i == 0 else first
+    return first
+
+
+def _sent_id(result: object) -> str | None:
+    """`message_id` of a send action's data (OneBot v11 `send_msg`), if the implementation gave one."""
+    message_id = result.get("message_id") if isinstance(result, dict) else None
+    return None if message_id in (None, "") else str(message_id)
 
 
 def split_text(text: str, size: int) -> list[str]:

@@ -324,6 +324,15 @@ class Tx:
         )
         return _message_from_row(rows[0]) if rows else None
 
+    async def name_answer(self, session_id: str, text: str, platform_id: str) -> None:
+        """The platform id the session's newest answer went out under, when `text` is that
+        answer (an apology or a notice sent without storing one names nothing)."""
+        await self._write(
+            "UPDATE messages SET platform_id = ? WHERE id = (SELECT MAX(id) FROM messages"
+            " WHERE session_id = ? AND role = 'assistant') AND content = ?",
+            (platform_id, session_id, text),
+        )
+
     async def stored_platform_ids(self, session_id: str, said: Mapping[str, float]) -> set[str]:
         """Those of the platform ids in `said` (id → when it was said) the session stored
         already, as `append_once` counts them: a backfill skips them in one trip, not one each."""
@@ -1047,6 +1056,10 @@ class Store:
     async def by_platform_id(self, session_id: str, platform_id: str) -> Message | None:
         async with self._statement() as tx:
             return await tx.by_platform_id(session_id, platform_id)
+
+    async def name_answer(self, session_id: str, text: str, platform_id: str) -> None:
+        async with self._statement() as tx:
+            await tx.name_answer(session_id, text, platform_id)
 
     async def stored_platform_ids(self, session_id: str, said: Mapping[str, float]) -> set[str]:
         async with self._statement() as tx:

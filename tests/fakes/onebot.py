@@ -205,6 +205,7 @@ class OneBotSim:
         self.nickname = nickname
         self.calls: list[ApiCall] = []
         self.messages: dict[int, StoredMessage] = {}
+        self.forgotten: set[int] = set()  # `forget`
         self._places: dict[tuple[str, int], list[int]] = {}
         """A group's or a private peer's message ids in the order they came: a history action
         answers from its own place's list, in a few µs as a real implementation does (a
@@ -564,8 +565,14 @@ class OneBotSim:
         )
         return {"message_id": stored.message_id, "forward_id": stored.message[0]["data"]["id"]}
 
+    def forget(self, message_id: int) -> None:
+        """`get_msg` no longer finds the message, as NapCat answers once its cache let it go
+        (NapNeko/NapCatQQ issue #1777: 「消息不存在或已被撤回」); the history still has it."""
+        self.forgotten.add(message_id)
+
     def _get_msg(self, params: dict[str, Any]) -> dict[str, Any]:
-        stored = self.messages.get(int(params.get("message_id", 0)))
+        message_id = int(params.get("message_id", 0))
+        stored = None if message_id in self.forgotten else self.messages.get(message_id)
         if stored is None:
             raise ActionFailedError(RETCODE_BAD_PARAMS, "message not found")
         data: dict[str, Any] = {
