@@ -388,16 +388,18 @@ def _only_a_non_chat_model(llm: ScriptedLLM) -> list[dict[str, Any]]:
 FAILURES = {
     "http_500": Failure(
         Reply(status=500, error="upstream exploded", headers={"Retry-After": "0"}),
-        r"摘要模型出错：test/sum: HTTP 500: upstream exploded",
+        r"摘要模型出错：test/sum 服务端出错（HTTP 500: upstream exploded）",
         {},
     ),
     "timeout": Failure(
         Reply(f"【保留原文】无\n{CHAT_SUMMARY}", delay=1.5),
-        r"摘要模型出错：test/sum: no complete reply within 0\.5 s",
+        r"摘要模型出错：test/sum 超时，没有在限定时间内给出完整回复",
         {"memsum_llm_timeout": 0.5},
     ),
     "stream_cut": Failure(
-        Reply(f"【保留原文】无\n{CHAT_SUMMARY}", cut_after=3), r"摘要模型出错：test/sum: .*", {}
+        Reply(f"【保留原文】无\n{CHAT_SUMMARY}", cut_after=3),
+        r"摘要模型出错：test/sum 回复中途断开（.*）",
+        {},
     ),
     "finish_reason_length": Failure(
         Reply(f"【保留原文】无\n{CHAT_SUMMARY}", finish_reason="length"), r"摘要在输出上限处被截断", {}

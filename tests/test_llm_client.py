@@ -23,6 +23,8 @@ from nonebot_plugin_memsum.llm.errors import (
     LLMStatusError,
     LLMStreamCut,
     LLMTimeout,
+    in_chinese,
+    status_error,
 )
 from nonebot_plugin_memsum.types import ToolCall
 from tests.fakes.llm_server import API_KEY, Reply, ScriptedLLM
@@ -647,3 +649,30 @@ async def test_a_closed_client_refuses_instead_of_opening_a_new_pool(
     with pytest.raises(LLMConnectError, match="closed"):
         await chat(client, model, stream=False)
     assert llm.requests == []
+
+
+@pytest.mark.parametrize(
+    ("err", "shown"),
+    [
+        (
+            LLMTimeout("m/x: no complete reply within 60 s", model_id="m/x"),
+            "m/x 超时，没有在限定时间内给出完整回复",
+        ),
+        (
+            status_error(401, "m/x: HTTP 401: Invalid API key", model_id="m/x", retry_after=None),
+            "m/x 不认这个密钥（密钥不对，或没有这个模型的权限）（HTTP 401: Invalid API key）",
+        ),
+        (
+            status_error(429, "m/x: HTTP 429", model_id="m/x", retry_after=None),
+            "m/x 请求太频繁或额度已用完（HTTP 429）",
+        ),
+        (
+            LLMConnectError("m/x: cannot reach the API (ConnectError)", model_id="m/x"),
+            "m/x 连不上接口（cannot reach the API (ConnectError)）",
+        ),
+        (LLMError("m/x", model_id="m/x"), "m/x 出错"),
+    ],
+)
+def test_a_model_error_reads_in_chinese_with_its_detail(err: LLMError, shown: str) -> None:
+    # What /压缩, the web page and a progress subscriber show of a failed summary request.
+    assert in_chinese(err) == shown

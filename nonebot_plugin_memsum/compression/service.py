@@ -50,7 +50,14 @@ from nonebot_plugin_memsum.compression.units import (
 )
 from nonebot_plugin_memsum.config import Config
 from nonebot_plugin_memsum.errors import CompressionCancelled, CompressionError
-from nonebot_plugin_memsum.llm import LLMClient, LLMError, LLMLengthLimit, LLMStatusError, Registry
+from nonebot_plugin_memsum.llm import (
+    LLMClient,
+    LLMError,
+    LLMLengthLimit,
+    LLMStatusError,
+    Registry,
+    in_chinese,
+)
 from nonebot_plugin_memsum.llm.tokens import estimate_stored, estimate_text_tokens, stored_content_tokens
 from nonebot_plugin_memsum.lru import LRU, SESSIONS_KEPT, BoundedCache, KeyedLocks
 from nonebot_plugin_memsum.settings import Settings
@@ -113,6 +120,10 @@ def run_estimators() -> Estimators:
 
 class _ContextTooLong(Exception):
     """The provider refused a summary request as longer than its context."""
+
+    def __init__(self, cause: LLMError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 class _Cleared(Exception):
@@ -810,7 +821,7 @@ class CompressionService:
                 reply = await self._ask(run, model, request.messages, request.max_tokens, effort, session_id)
             except _ContextTooLong as err:
                 if plan.rule == "spec":
-                    raise CompressionError(f"摘要模型出错：{err}") from None
+                    raise CompressionError(f"摘要模型出错：{in_chinese(err.cause)}") from None
                 # The provider's tokenizer counts more than the margin allows: that request
                 # again, and the rest of the run, under R-RUN-9's literal rule.
                 logger.info(f"memsum: {session_id}: {err}; retrying under the literal capacity rule")
@@ -861,8 +872,8 @@ class CompressionService:
             raise CompressionError("摘要在输出上限处被截断") from None  # R-FAIL-1
         except LLMError as err:
             if isinstance(err, LLMStatusError) and is_context_too_long(err.status, str(err)):
-                raise _ContextTooLong(str(err)) from err
-            raise CompressionError(f"摘要模型出错：{err}") from err
+                raise _ContextTooLong(err) from err
+            raise CompressionError(f"摘要模型出错：{in_chinese(err)}") from err
         if run.cancelled.is_set():
             raise _Cleared
         return result.content

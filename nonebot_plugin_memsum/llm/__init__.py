@@ -13,6 +13,7 @@ from .errors import (
     LLMStatusError,
     LLMStreamCut,
     LLMTimeout,
+    in_chinese,
 )
 from .registry import Registry
 from .tokens import aload_encoding, encoding_name, estimate_msg_tokens, estimate_text_tokens, load_encoding
@@ -39,5 +40,6 @@ __all__ = [
     "encoding_name",
     "estimate_msg_tokens",
     "estimate_text_tokens",
+    "in_chinese",
     "load_encoding",
 ]

@@ -104,3 +104,26 @@ def status_error(status: int, message: str, *, model_id: str, retry_after: float
     else:
         cls = LLMStatusError
     return cls(message, model_id=model_id, status=status, retry_after=retry_after)
+
+
+_IN_CHINESE: tuple[tuple[type[LLMError], str], ...] = (
+    (LLMTimeout, "超时，没有在限定时间内给出完整回复"),
+    (LLMConnectError, "连不上接口"),
+    (LLMAuthError, "不认这个密钥（密钥不对，或没有这个模型的权限）"),
+    (LLMRateLimited, "请求太频繁或额度已用完"),
+    (LLMServerError, "服务端出错"),
+    (LLMBadRequest, "拒绝了这个请求"),
+    (LLMStreamCut, "回复中途断开"),
+    (LLMLengthLimit, "输出到上限被截断"),
+    (LLMBadResponse, "回答不是聊天接口的格式（base_url 应是 OpenAI 兼容接口的根，通常以 /v1 结尾）"),
+)
+
+
+def in_chinese(err: LLMError) -> str:
+    """What went wrong, for the people who read it in chat and on the web page: the model,
+    a Chinese headline, and the detail (the HTTP status, the provider's own words) after it."""
+    headline = next((text for cls, text in _IN_CHINESE if isinstance(err, cls)), "出错")
+    if isinstance(err, LLMTimeout | LLMLengthLimit):
+        return f"{err.model_id} {headline}"
+    detail = str(err).removeprefix(err.model_id).removeprefix(":").strip()
+    return f"{err.model_id} {headline}（{detail}）" if detail else f"{err.model_id} {headline}"
