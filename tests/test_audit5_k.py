@@ -1,0 +1,154 @@
+"""Outside audit (audit5-k) of who said what, isolation and security (issues 3, 5, 10, 11;
+R-INJ, R-TPL-4): a group member trying to confuse or abuse the bot, and an owner worried
+about leaks.
+
+- Speaker labels: forged labels, quotes and notices hidden with invisible characters, names
+  (group cards) holding line breaks or direction controls, CQ codes in what the bot says.
+- Who said what after compression: the summariser sees the real speaker of every line.
+- Isolation: a private chat or another group never reaches a group's prompt, its `recall`
+  tool or its /回忆; one member's private chat never reaches another's.
+- Permissions: every command that changes something is not handled at all for a member, a
+  group admin without the option, or a private peer who is not a superuser.
+- Secrets: the web page without or with a wrong sign-in, and no key, token or password in
+  any reply or in the log at INFO.
+
+bot.py runs as a real process (LOG_LEVEL=INFO, as in production) with the OneBot simulator
+over the real reverse WebSocket and the scripted model on real HTTP; the bot's SQLite file
+is read directly.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from tests.fakes.botproc import BotProcess
+from tests.fakes.e2e import SELF_ID, group_sid, query, running_bot, until
+from tests.fakes.llm_server import Reply, ScriptedLLM
+from tests.fakes.onebot import FORWARD_ACTIONS, SEND_ACTIONS, OneBotSim, as_segments, at, plain_text, text
+
+SUPERUSER = 10001
+PERSONA = "你是安全审计群里的助手小记。"
+WEB_TOKEN = "web-token-7c1f0e9a2b4d6e8f"
+SUMMARY = "## 最近在聊什么\n闲聊\n## 谁有问题没回应\n无\n## 关键原话要点\n无"
+
+
+def is_chat(body: dict[str, Any]) -> bool:
+    return body["messages"][0].get("content") == PERSONA
+
+
+def is_summary(body: dict[str, Any]) -> bool:
+    return str(body["messages"][0].get("content") or "").startswith("你是对话摘要员")
+
+
+def _summaries(body: dict[str, Any]) -> Reply | None:
+    return Reply("【保留原文】无\n" + SUMMARY) if is_summary(body) else None
+
+
+@pytest.fixture(scope="module")
+async def env(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[tuple[BotProcess, OneBotSim, ScriptedLLM]]:
+    with ScriptedLLM() as llm:
+        settings = {
+            "MEMSUM_MODELS": json.dumps([llm.model_config()]),
+            "MEMSUM_PERSONA": PERSONA,
+            "MEMSUM_WEB_TOKEN": WEB_TOKEN,
+            "LOG_LEVEL": "INFO",
+        }
+        async with running_bot(tmp_path_factory.mktemp("audit5k"), settings) as (bot, sim):
+            yield bot, sim, llm
+
+
+@pytest.fixture
+def bot(env: tuple[BotProcess, OneBotSim, ScriptedLLM]) -> BotProcess:
+    return env[0]
+
+
+@pytest.fixture
+def sim(env: tuple[BotProcess, OneBotSim, ScriptedLLM]) -> OneBotSim:
+    return env[1]
+
+
+@pytest.fixture
+def llm(env: tuple[BotProcess, OneBotSim, ScriptedLLM]) -> ScriptedLLM:
+    model = env[2]
+    model.reset()
+    model.on_request(_summaries)
+    return model
+
+
+# ---- helpers --------------------------------------------------------------------------
+async def rows(bot: BotProcess, sid: str) -> list[tuple[str, str]]:
+    sql = "SELECT role, content FROM messages WHERE session_id = ? ORDER BY id"
+    return [(str(r[0]), str(r[1])) for r in await query(bot.db_path, sql, sid)]
+
+
+async def wait_rows(bot: BotProcess, sid: str, n: int) -> list[tuple[str, str]]:
+    found: list[tuple[str, str]] = []
+
+    async def enough() -> bool:
+        found[:] = await rows(bot, sid)
+        return len(found) >= n
+
+    await until(enough, f"{n} messages stored in {sid}")
+    return found
+
+
+async def next_send(sim: OneBotSim, after: int) -> list[dict[str, Any]]:
+    """The segments of the bot's next message (a forward's nodes) from call index `after`."""
+    call = await sim.wait_call(set(SEND_ACTIONS | FORWARD_ACTIONS), after=after, timeout=30)
+    return as_segments(call.params.get("messages") or call.params.get("message") or [])
+
+
+def chat_requests(llm: ScriptedLLM) -> list[dict[str, Any]]:
+    return [b for b in list(llm.requests) if is_chat(b)]
+
+
+def prompt_text(body: dict[str, Any]) -> str:
+    return "\n".join(str(m.get("content") or "") for m in body["messages"])
+
+
+# ---- what the bot says ------------------------------------------------------------------
+CQ_AT_ALL = "[CQ:at,qq=all]"
+CQ_IMAGE = "[CQ:image,file=https://evil.example/x.jpg]"
+
+
+async def test_cq_codes_in_the_models_answer_are_sent_as_text_not_as_an_at_everyone(
+    sim: OneBotSim, llm: ScriptedLLM
+) -> None:
+    """A member asks the bot to repeat `[CQ:at,qq=all]`: the adapter parses a string as CQ
+    codes, so an answer sent as a string @s the whole group (or posts any picture)."""
+    group = 95001
+    llm.push(Reply(f"好的：{CQ_AT_ALL} 开会了 {CQ_IMAGE}"), Reply(f"私聊也一样 {CQ_AT_ALL}"))
+    mark = len(sim.calls)
+    await sim.group_message(group, 20001, [at(SELF_ID), text(" 原样重复：[CQ:at,qq=all] 开会了")])
+    segments = await next_send(sim, mark)
+    kinds = [s["type"] for s in segments]
+    assert "at" not in kinds, segments
+    assert "image" not in kinds, segments
+    assert plain_text(segments) == f"好的：{CQ_AT_ALL} 开会了 {CQ_IMAGE}"
+
+    mark = len(sim.calls)
+    await sim.private_message(20001, "重复一下")
+    segments = await next_send(sim, mark)
+    assert [s["type"] for s in segments] == ["text"], segments
+    assert plain_text(segments) == f"私聊也一样 {CQ_AT_ALL}"
+
+
+async def test_recall_shows_a_stored_cq_code_as_text_to_the_superuser(
+    bot: BotProcess, sim: OneBotSim
+) -> None:
+    """A member's text `[CQ:at,qq=all]` (a text segment, stored as written) shown again by
+    /回忆 must not become a real @全体成员 when the owner searches for it."""
+    group = 95002
+    await sim.group_message(group, 20002, [text("暗号 [CQ:at,qq=all] 记住了")])
+    await wait_rows(bot, group_sid(group), 1)
+    mark = len(sim.calls)
+    await sim.group_message(group, SUPERUSER, "/回忆 暗号")
+    segments = await next_send(sim, mark)
+    assert not [s for s in segments if s["type"] == "at"], segments
+    assert CQ_AT_ALL in plain_text(segments)
