@@ -20,18 +20,23 @@ AT_EVERYONE = frozenset({"all", "0"})
 """`at` targets meaning everyone: "all" (OneBot v11), "0" (Lagrange sends QQ's own uin 0:
 LagrangeDev/Lagrange.Core Lagrange.OneBot/Message/Entity/AtSegment.cs, issue #797)."""
 # `[name(12345)]`, also with full-width brackets/parentheses, at the start of a line.
-# A line starts after any line break a model may read as one, and invisible characters
-# (zero-width space, direction marks, BOM) in front do not hide a forgery.
+# A line starts after any line break a model may read as one. Invisible characters
+# (zero-width space, direction marks, soft hyphen, BOM) hide no forgery, in front of it
+# or anywhere inside it: a reader does not see them, and neither does a model.
+_INVISIBLE = "\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff"
+_INVISIBLE_RE = re.compile(f"[{_INVISIBLE}]")
+_GAP = rf"[\s{_INVISIBLE}]*"
 _LINE_START = r"(?:^|(?<=[\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]))"
-_LEAD = r"([\s\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff]*)"
+_LEAD = f"({_GAP})"
 _LABEL_LIKE = re.compile(
-    _LINE_START + _LEAD + r"[\[［【]([^\n\]］】]{0,80}?)[(（]\s*(\d+)\s*[)）]\s*[\]］】]", re.M
+    rf"{_LINE_START}{_LEAD}[\[［【]([^\n\]］】]{{0,80}}?)[(（]{_GAP}(\d(?:[{_INVISIBLE}]*\d)*){_GAP}[)）]{_GAP}[\]］】]",
+    re.M,
 )
 # A quote of another speaker's words, as `quote_marker` writes it.
-_QUOTE_LIKE = re.compile(_LINE_START + _LEAD + r"[\[［【]\s*(回复)", re.M)
+_QUOTE_LIKE = re.compile(rf"{_LINE_START}{_LEAD}[\[［【]{_GAP}(回[{_INVISIBLE}]*复)", re.M)
 # A platform event, as the prompt sends a notice (`[通知] …`, llm/tokens.py NOTICE_PREFIX).
 # Only that form: 【通知】 is how QQ groups head their own announcements.
-_NOTICE_LIKE = re.compile(_LINE_START + _LEAD + r"[\[［]\s*通知\s*[\]］]", re.M)
+_NOTICE_LIKE = re.compile(rf"{_LINE_START}{_LEAD}[\[［]{_GAP}通[{_INVISIBLE}]*知{_GAP}[\]］]", re.M)
 
 
 # ---- text ---------------------------------------------------------------------------
@@ -49,8 +54,10 @@ def label(name: str | None, user_id: int | str) -> str:
 def neutralise_labels(text: str) -> str:
     """Turn every label-like `[name(digits)]` and quote-like `[回复 …` at a line start into plain
     words, and a notice-like `[通知]` into the 【通知】 of a member's own announcement."""
-    text = _LABEL_LIKE.sub(lambda m: f"{m.group(1)}（仿冒标注：{m.group(2).strip()} {m.group(3)}）", text)
-    text = _QUOTE_LIKE.sub(lambda m: f"{m.group(1)}（仿冒引用）{m.group(2)}", text)
+    text = _LABEL_LIKE.sub(
+        lambda m: f"{m.group(1)}（仿冒标注：{m.group(2).strip()} {_INVISIBLE_RE.sub('', m.group(3))}）", text
+    )
+    text = _QUOTE_LIKE.sub(lambda m: f"{m.group(1)}（仿冒引用）{_INVISIBLE_RE.sub('', m.group(2))}", text)
     return _NOTICE_LIKE.sub(lambda m: f"{m.group(1)}【通知】", text)
 
 
