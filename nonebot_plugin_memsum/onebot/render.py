@@ -40,10 +40,19 @@ _NOTICE_LIKE = re.compile(rf"{_LINE_START}{_LEAD}[\[［]{_GAP}通[{_INVISIBLE}]*
 
 
 # ---- text ---------------------------------------------------------------------------
+# What a name may not hold: brackets and parentheses (the label's own), every line break the
+# label check counts as one (a card with U+2028 split its label over two lines), and the
+# direction controls that turn the rest of a line around on the owner's screen.
+_NAME_BREAKERS = re.compile(
+    r"[\[\]［］【】()（）\t\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"
+)
+
+
 def clean_name(name: str | None, fallback: str) -> str:
-    """A display name that cannot break the label: no brackets, parentheses or newlines."""
+    """A display name that cannot break the label: no brackets, parentheses, line breaks or
+    direction controls."""
     # str(): a malformed event may carry a number where a name belongs.
-    cleaned = re.sub(r"[\[\]［］【】()（）\r\n\t]", "", str(name or "")).strip()[:MAX_NAME]
+    cleaned = _NAME_BREAKERS.sub("", str(name or "")).strip()[:MAX_NAME]
     return cleaned or fallback
 
 
