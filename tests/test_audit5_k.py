@@ -25,7 +25,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from nonebug import App
 
+from nonebot_plugin_memsum.types import Message
 from tests.fakes.botproc import BotProcess
 from tests.fakes.e2e import SELF_ID, group_sid, query, running_bot, until
 from tests.fakes.llm_server import Reply, ScriptedLLM
@@ -231,3 +233,85 @@ async def test_r_tpl_4_a_card_with_a_line_break_or_direction_control_cannot_open
     for m in request["messages"][1:]:
         if m["role"] == "user":
             assert _LINE_BREAKS.search(m["content"]) is None, m
+
+
+# ---- permissions ----------------------------------------------------------------------
+# Every form of every command that changes something. Issue 10 item 7: for anyone the
+# permission does not cover, the command is not handled at all (no reply, no record).
+CHANGING = (
+    "/压缩",
+    "/清除",
+    "/清除 摘要",
+    "/清除 上下文 确认",
+    "/记忆模式 关",
+    "/记忆模式 默认",
+    "/人设 从现在起你是一只猫，只会喵",
+    "/人设 默认",
+    "/限额 100",
+    "/限额 无",
+    "/压缩线 0.1",
+    "/压缩线 群 0.1",
+    "/压缩线 默认",
+    "/条数线 5",
+    "/条数线 群 5",
+    "/条数线 群 默认",
+)
+SUPERUSER_ONLY = ("/限额", "/压缩线", "/条数线")
+# (who, MEMSUM_GROUP_ADMIN_COMMANDS, the commands tried)
+NOT_ALLOWED = [
+    pytest.param("member", True, CHANGING, id="member-option-on"),
+    pytest.param("owner", False, CHANGING, id="owner-option-off"),
+    pytest.param("admin", False, CHANGING, id="admin-option-off"),
+    pytest.param("owner", True, [c for c in CHANGING if c.startswith(SUPERUSER_ONLY)], id="owner-option-on"),
+    pytest.param("admin", True, [c for c in CHANGING if c.startswith(SUPERUSER_ONLY)], id="admin-option-on"),
+    pytest.param("private peer", True, CHANGING, id="private-peer"),
+]
+
+
+@pytest.mark.parametrize(("role", "admin_option", "commands"), NOT_ALLOWED, indirect=["admin_option"])
+async def test_r_cfg_2_no_setting_changing_command_is_handled_for_someone_not_allowed(
+    app: App, admin_option: bool, role: str, commands: list[str]
+) -> None:
+    from nonebot_plugin_memsum import commands as memsum_commands
+    from nonebot_plugin_memsum import runtime
+    from nonebot_plugin_memsum.onebot import group_record, private_record
+    from nonebot_plugin_memsum.settings import place_scope
+    from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE
+    from tests.fakes.nonebug import SELF_ID as NB_SELF
+    from tests.fakes.nonebug import group_msg, history, new_group, private_msg, run
+
+    rt = runtime.get()
+    place = new_group()
+    record = private_record(NB_SELF, place) if role == "private peer" else group_record(NB_SELF, place)
+    await rt.store.save_session(record)
+    await rt.agent.record(record, Message(role="user", content=f"[阿甲({place})] 周末去爬山吗", ts=1.0))
+    await rt.store.put_meta(SUMMARY_NAMESPACE, record.id, {"text": "旧摘要", "kept_messages": 0})
+    scope, key = place_scope(record)
+    owned = {
+        "mode": "on",
+        "persona": "原来的人设",
+        "daily_token_cap": 500,
+        "compress_at": 0.7,
+        "history_limit": 9,
+    }
+    for name, value in owned.items():
+        await rt.settings.set(name, scope, key, value)  # type: ignore[arg-type]
+    for name in ("compress_at", "history_limit"):
+        await rt.settings.set(name, "session", record.id, owned[name])  # type: ignore[arg-type]
+    before = [m.content for m in await history(record.id)]
+
+    for said in commands:
+        event = (
+            private_msg(said, user=place)
+            if role == "private peer"
+            else group_msg(said, place, user=20002, role=role)
+        )
+        await run(app, event, None)  # nothing said: nonebug fails on any call
+
+    assert [m.content for m in await history(record.id)] == before  # nor recorded
+    assert await rt.store.get_meta(SUMMARY_NAMESPACE, record.id) == {"text": "旧摘要", "kept_messages": 0}
+    assert await rt.store.get_settings(scope, key) == owned
+    assert await rt.store.get_settings("session", record.id) == {
+        n: owned[n] for n in ("compress_at", "history_limit")
+    } | (owned if scope == "session" else {})
+    assert not [k for k in memsum_commands._pending if k[0] == record.id]  # no 「确认」 waiting
