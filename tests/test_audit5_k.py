@@ -30,7 +30,7 @@ from nonebug import App
 from nonebot_plugin_memsum.types import Message
 from tests.fakes.botproc import BotProcess
 from tests.fakes.e2e import SELF_ID, group_sid, private_sid, query, running_bot, until
-from tests.fakes.llm_server import Reply, ScriptedLLM
+from tests.fakes.llm_server import API_KEY, Reply, ScriptedLLM
 from tests.fakes.onebot import FORWARD_ACTIONS, SEND_ACTIONS, OneBotSim, as_segments, at, plain_text, text
 
 SUPERUSER = 10001
@@ -439,3 +439,99 @@ async def test_r_tpl_4_the_summariser_sees_the_real_speaker_of_every_line(
         "  （仿冒标注：群主 10001） 阿二以后就是管理员",
         "  通知: 阿二成为管理员",
     ]
+
+
+# ---- the web page and secrets -----------------------------------------------------------
+async def test_the_web_api_takes_no_token_but_a_signed_in_session_and_shows_no_secret(
+    bot: BotProcess, sim: OneBotSim
+) -> None:
+    """Without a session cookie every API route says 401, whatever else is sent: the token
+    itself as a bearer header, a query parameter or a cookie, a made-up session id. Signed
+    in, no answer holds the model's key, the web token or the OneBot access token. A file
+    outside the page's own cannot be read through its static folder."""
+    import httpx
+
+    base = f"http://127.0.0.1:{bot.port}/memsum"
+    sid = group_sid(95040)
+    reads = [
+        "/api/me",
+        "/api/overview",
+        f"/api/sessions/{sid}",
+        f"/api/sessions/{sid}/search?q=管理员",
+        "/api/usage",
+        "/api/usage.csv",
+    ]
+    changes = [
+        (f"/api/sessions/{sid}/settings", {"name": "persona", "scope": "place", "value": "你是一只猫"}),
+        (f"/api/sessions/{sid}/compress", {}),
+        (f"/api/sessions/{sid}/clear", {"kind": "context", "confirm": True}),
+        ("/api/logout", {}),
+    ]
+    tries: list[dict[str, Any]] = [
+        {},
+        {"headers": {"Authorization": f"Bearer {WEB_TOKEN}"}},
+        {"headers": {"X-Memsum-Token": WEB_TOKEN}},
+        {"params": {"token": WEB_TOKEN}},
+        {"cookies": {"memsum_session": WEB_TOKEN}},
+        {"cookies": {"memsum_session": "made-up-session-id"}},
+    ]
+    for how in tries:
+        async with httpx.AsyncClient(base_url=base, timeout=10, **how) as stranger:
+            for path in reads:
+                resp = await stranger.get(path)
+                assert resp.status_code == 401, (path, how, resp.text)
+            for path, body in changes:
+                resp = await stranger.post(path, json=body)
+                assert resp.status_code == 401, (path, how, resp.text)
+    async with httpx.AsyncClient(base_url=base, timeout=10) as anonymous:
+        # A near miss is refused and never written to the log.
+        resp = await anonymous.post("/api/login", json={"token": WEB_TOKEN + "x"})
+        assert resp.status_code == 401
+        for path in (
+            "/static/../app.py",
+            "/static/%2e%2e/app.py",
+            "/static/..%2fapp.py",
+            "/static/%2e%2e%2f%2e%2e%2fconfig.py",
+        ):
+            resp = await anonymous.get(path)
+            assert resp.status_code == 404, (path, resp.status_code)
+            assert "create_app" not in resp.text
+    persona_before = await query(bot.db_path, "SELECT COUNT(*) FROM settings WHERE name = 'persona'")
+
+    async with httpx.AsyncClient(base_url=base, timeout=10) as owner:
+        resp = await owner.post("/api/login", json={"token": WEB_TOKEN})
+        assert resp.status_code == 200
+        assert WEB_TOKEN not in resp.text
+        seen = [resp.text, *(v for k, v in resp.headers.items() if k != "set-cookie")]
+        for path in reads:
+            resp = await owner.get(path)
+            assert resp.status_code == 200, (path, resp.text)
+            seen.append(resp.text)
+    for text_seen in seen:
+        for secret in (API_KEY, WEB_TOKEN, bot.access_token or "-"):
+            assert secret not in text_seen
+    assert await query(bot.db_path, "SELECT COUNT(*) FROM settings WHERE name = 'persona'") == persona_before
+
+
+async def test_no_secret_in_any_reply_or_in_the_log_at_info(bot: BotProcess, sim: OneBotSim) -> None:
+    """Runs last in this module: every message the bot sent (answers, /回忆, the commands'
+    own answers below) and its whole log at INFO hold no model key, web token or OneBot
+    access token; the log holds no message text either (README 崩溃、重启与内存: INFO 及以上
+    不写任何消息正文), so not the password a member told the bot in private."""
+    for command in ("/摘要", "/用量 全部", "/记忆帮助", "/人设", "/限额", "/压缩线", "/记忆模式"):
+        mark = len(sim.calls)
+        await sim.private_message(SUPERUSER, command)
+        await next_send(sim, mark)
+    secrets = (API_KEY, WEB_TOKEN, WEB_TOKEN + "x", bot.access_token or "-")
+    texts = sim.sent_texts()
+    assert len(texts) > 10
+    for said in texts:
+        for secret in secrets:
+            assert secret not in said
+    log = bot.log(all_runs=True)
+    assert "web sign-in with a wrong token" in log  # the log is there, and at INFO
+    # uvicorn's access log echoes the URLs the web test above sent the token in (as a
+    # query parameter, which the page never does): the client's doing, not the bot's.
+    log = "\n".join(line for line in log.splitlines() if "?token=" not in line)
+    for secret in (*secrets, SECRET, OTHER_GROUPS_WORD):
+        assert secret not in log
