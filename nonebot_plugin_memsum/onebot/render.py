@@ -25,7 +25,11 @@ LagrangeDev/Lagrange.Core Lagrange.OneBot/Message/Entity/AtSegment.cs, issue #79
 # or anywhere inside it: a reader does not see them, and neither does a model.
 _INVISIBLE = "\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff"
 _INVISIBLE_RE = re.compile(f"[{_INVISIBLE}]")
-_GAP = rf"[\s{_INVISIBLE}]*"
+# Blanks within a line only: a lead or gap that ran over line breaks made every line start
+# of a message of blank lines rescan the rest of it (50,000 line breaks held the event loop,
+# every group's messages, for minutes); a line start is found after the last break anyway.
+_BLANK = "\t \x1f\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000"
+_GAP = f"[{_BLANK}{_INVISIBLE}]*"
 _LINE_START = r"(?:^|(?<=[\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]))"
 _LEAD = f"({_GAP})"
 _LABEL_LIKE = re.compile(
