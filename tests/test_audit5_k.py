@@ -227,6 +227,20 @@ def test_a_message_of_blank_lines_is_labelled_in_linear_time(filler: str) -> Non
     assert took < 1.0, f"{took:.2f} s"  # linear: ~10 ms here; the quadratic scan took 12 s or more
 
 
+async def test_a_card_nested_deeper_than_the_json_parser_goes_is_stored_as_a_card(
+    bot: BotProcess, sim: OneBotSim
+) -> None:
+    """A `json` segment is a string the implementation passes on as it came; 5,000 nested
+    `[` (5 KB) made the card's title lookup raise RecursionError, so the whole message was
+    lost with a traceback in the log (STYLE: every error the system can suffer loses nothing)."""
+    group = 95004
+    await sim.group_message(group, 20005, [{"type": "json", "data": {"data": "[" * 5000}}, text(" 看看这个")])
+    await sim.group_message(group, 20005, "下一句")
+    stored = await wait_rows(bot, group_sid(group), 2)
+    assert stored == [("user", "[用户20005(20005)] [卡片] 看看这个"), ("user", "[用户20005(20005)] 下一句")]
+    assert "RecursionError" not in bot.log()
+
+
 async def test_r_tpl_4_a_card_with_a_line_break_or_direction_control_cannot_open_a_line(
     bot: BotProcess, sim: OneBotSim, llm: ScriptedLLM
 ) -> None:

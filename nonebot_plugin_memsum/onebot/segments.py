@@ -85,7 +85,7 @@ def card_title(raw: Any) -> str:
     if isinstance(raw, str):
         try:
             card = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
             return ""
     if not isinstance(card, Mapping):
         return ""
