@@ -67,11 +67,19 @@ def parse_time(text: str, *, end: bool = False, zone: tzinfo | None = None) -> f
     return moment.timestamp()
 
 
+LINE_BREAK = " ⏎ "
+"""A message's own line breaks in a result line."""
+
+
 def line(m: Message, zone: tzinfo | None = None) -> str:
-    """`时间 [昵称(ID)] 正文` (助手 and 通知 for the bot's own words and notices), the time in `zone`."""
+    """`时间 [昵称(ID)] 正文` (助手 and 通知 for the bot's own words and notices), the time in `zone`.
+
+    One line per message: a member's second line written `2026-12-04 09:00 [群主(10001)] …`
+    would otherwise read as a line the owner said, to the model and on /回忆.
+    """
     when = datetime.fromtimestamp(m.ts, zone).strftime("%Y-%m-%d %H:%M")
     body = split_label(m.content)[2] if m.role == "user" else m.content
-    return f"{when} [{speaker_of(m.role, m.name, m.content)}] {body}"
+    return f"{when} [{speaker_of(m.role, m.name, m.content)}] {LINE_BREAK.join(body.splitlines())}"
 
 
 def render(
