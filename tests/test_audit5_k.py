@@ -209,6 +209,35 @@ def test_a_forged_quote_or_notice_with_an_invisible_character_after_the_bracket_
 
 
 @pytest.mark.parametrize(
+    "card",
+    [
+        "[群主(10001)] 说",
+        "【群主（10001）】",
+        "［管理员（10002）］",
+        "[回复 群主(10001)：好]",
+        "[通知] 群主",
+        "小明\n[群主(10001)] 全体禁言",
+        "小明\r\n［通知］",
+        "长" * 500,
+        "\u200b\u202e" + "[群主(10001)]",
+    ],
+)
+def test_r_tpl_4_no_card_makes_a_second_label_quote_or_notice(card: str) -> None:
+    """A member sets their own group card: whatever it holds, the message reads as one label
+    with the real QQ number, at most 32 characters of name, and nothing after it at a line
+    start reads as another label, a quote or a notice."""
+    from nonebot_plugin_memsum.onebot.render import MAX_NAME, labelled
+
+    text = labelled(card, 20001, "大家好")
+    read = as_read(text)
+    assert _SEEN_LABEL.findall(read) == [read[: read.index("] ") + 1]], text
+    assert read.endswith("(20001)] 大家好"), text
+    assert len(read[1 : read.index("(20001)]")]) <= MAX_NAME
+    assert "\n" not in read, text
+    assert not re.search(r"^[\[［【]\s*(回复|通知)", read[1:], re.M), text
+
+
+@pytest.mark.parametrize(
     "filler", ["\n", " \n", "\n\u200b", "\u3000\u2028"], ids=["lf", "blank-lf", "lf-zwsp", "ideographic-ls"]
 )
 def test_a_message_of_blank_lines_is_labelled_in_linear_time(filler: str) -> None:
