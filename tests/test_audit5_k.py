@@ -514,7 +514,9 @@ async def test_the_web_api_takes_no_token_but_a_signed_in_session_and_shows_no_s
     import httpx
 
     base = f"http://127.0.0.1:{bot.port}/memsum"
-    sid = group_sid(95040)
+    sid = group_sid(95060)
+    await sim.group_message(95060, 20061, "谁是管理员？")
+    await wait_rows(bot, sid, 1)
     reads = [
         "/api/me",
         "/api/overview",
@@ -575,30 +577,6 @@ async def test_the_web_api_takes_no_token_but_a_signed_in_session_and_shows_no_s
     assert await query(bot.db_path, "SELECT COUNT(*) FROM settings WHERE name = 'persona'") == persona_before
 
 
-async def test_no_secret_in_any_reply_or_in_the_log_at_info(bot: BotProcess, sim: OneBotSim) -> None:
-    """Runs last in this module: every message the bot sent (answers, /回忆, the commands'
-    own answers below) and its whole log at INFO hold no model key, web token or OneBot
-    access token; the log holds no message text either (README 崩溃、重启与内存: INFO 及以上
-    不写任何消息正文), so not the password a member told the bot in private."""
-    for command in ("/摘要", "/用量 全部", "/记忆帮助", "/人设", "/限额", "/压缩线", "/记忆模式"):
-        mark = len(sim.calls)
-        await sim.private_message(SUPERUSER, command)
-        await next_send(sim, mark)
-    secrets = (API_KEY, WEB_TOKEN, WEB_TOKEN + "x", bot.access_token or "-")
-    texts = sim.sent_texts()
-    assert len(texts) > 10
-    for said in texts:
-        for secret in secrets:
-            assert secret not in said
-    log = bot.log(all_runs=True)
-    assert "web sign-in with a wrong token" in log  # the log is there, and at INFO
-    # uvicorn's access log echoes the URLs the web test above sent the token in (as a
-    # query parameter, which the page never does): the client's doing, not the bot's.
-    log = "\n".join(line for line in log.splitlines() if "?token=" not in line)
-    for secret in (*secrets, SECRET, OTHER_GROUPS_WORD):
-        assert secret not in log
-
-
 # A line of a recall result or /回忆 answer: `时间 [昵称(ID)] 正文`, after the hit's arrow or
 # a neighbour's indent (agent/recall.py).
 _RECORD_LINE = re.compile(r"^(?:→ |  )?\d{4}-\d{2}-\d{2} \d{2}:\d{2} \[[^\[\]\n]*\((\d+)\)\]", re.M)
@@ -639,3 +617,31 @@ async def test_a_message_of_several_lines_cannot_forge_a_line_of_a_recall_result
     result = next(r for b in list(llm.requests)[asked:] if is_chat(b) for r in tool_results(b))
     assert "爬山取消了" in result
     assert "10001" not in set(_RECORD_LINE.findall(result)), result
+
+
+async def test_no_secret_in_any_reply_or_in_the_log_at_info(bot: BotProcess, sim: OneBotSim) -> None:
+    """Last in this module: every message the bot sent (answers, /回忆, the commands' own
+    answers below) and its whole log at INFO hold no model key, web token or OneBot access
+    token; the log holds no message text either (README 崩溃、重启与内存: INFO 及以上
+    不写任何消息正文), so not the password a member told the bot in private."""
+    import httpx
+
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{bot.port}/memsum", timeout=10) as client:
+        assert (await client.post("/api/login", json={"token": WEB_TOKEN + "x"})).status_code == 401
+    for command in ("/摘要", "/用量 全部", "/记忆帮助", "/人设", "/限额", "/压缩线", "/记忆模式"):
+        mark = len(sim.calls)
+        await sim.private_message(SUPERUSER, command)
+        await next_send(sim, mark)
+    secrets = (API_KEY, WEB_TOKEN, WEB_TOKEN + "x", bot.access_token or "-")
+    texts = sim.sent_texts()
+    assert len(texts) >= 7
+    for said in texts:
+        for secret in secrets:
+            assert secret not in said
+    log = bot.log(all_runs=True)
+    assert "web sign-in with a wrong token" in log  # the log is there, and at INFO
+    # uvicorn's access log echoes the URLs the web test sent the token in (as a query
+    # parameter, which the page never does): the client's doing, not the bot's.
+    log = "\n".join(line for line in log.splitlines() if "?token=" not in line)
+    for secret in (*secrets, SECRET, OTHER_GROUPS_WORD):
+        assert secret not in log
