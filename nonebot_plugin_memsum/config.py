@@ -175,7 +175,7 @@ class Config(BaseModel):
     memsum_error_reply: str = "抱歉，我这边出了点问题，请稍后再试。"
     """What the bot says in chat when a turn fails (details go to the log only)."""
     memsum_db_path: Path | None = None
-    """SQLite file; default: the plugin's data file from nonebot-plugin-localstore."""
+    """SQLite file; default (also when empty): the plugin's data file from nonebot-plugin-localstore."""
     memsum_db_url: SecretStr = SecretStr("")
     """PostgreSQL instead of the SQLite file: `postgresql://user:password@host:port/db`
     (several bot processes on one memory); empty = SQLite."""
@@ -234,6 +234,13 @@ class Config(BaseModel):
         if parts.scheme not in ("postgresql", "postgres") or not parts.hostname or len(parts.path) < 2:
             raise ValueError(DB_URL_FORM)
         return SecretStr(value)
+
+    @field_validator("memsum_db_path", mode="before")
+    @classmethod
+    def _default_db_path(cls, path: object) -> object:
+        # `MEMSUM_DB_PATH=` written empty, like the other keys of .env.example whose empty
+        # value means "the default": pydantic would read it as the folder `.`.
+        return None if isinstance(path, str) and not path.strip() else path
 
     def store_location(self, default: Path) -> Path | str:
         """Where the store lives: the PostgreSQL URL, else the SQLite file (`default` if unset)."""
