@@ -186,7 +186,8 @@ class Config(BaseModel):
     memsum_max_tool_rounds: int = Field(default=4, ge=0, le=32)
     """How many tool-call rounds one turn may take."""
     memsum_group_admin_commands: bool = False
-    """Let group owners and admins use /压缩 /摘要 /清除 /记忆模式 /人设 /用量 in their own group."""
+    """Let group owners and admins use /压缩 /摘要 /清除 /回忆 /记忆模式 /人设 /用量 /记忆帮助 in their
+    own group (/压缩线 /条数线 /限额 stay for superusers)."""
     memsum_forward_threshold: int = Field(default=300, ge=0)
     """Replies longer than this many characters go out as merged-forward messages in groups; 0 = never."""
     memsum_resume_window: float = Field(default=300, ge=0)
