@@ -12,16 +12,29 @@ Start-up goes through bot.py as a subprocess where the `.env` reading itself mat
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any, cast
 
+import pytest
 from dotenv import dotenv_values
+from nonebot.adapters.onebot.v11 import Bot
+from nonebug import App
 
-from nonebot_plugin_memsum import __plugin_meta__, commands
+from nonebot_plugin_memsum import __plugin_meta__, commands, runtime
 from nonebot_plugin_memsum.commands import COMMANDS
 from nonebot_plugin_memsum.config import Config, parse_config
+from nonebot_plugin_memsum.llm.tokens import _build as tiktoken_encoding
+from nonebot_plugin_memsum.llm.tokens import encoding_name, estimate_text_tokens, load_encoding
+from nonebot_plugin_memsum.onebot.send import send_reply
 from nonebot_plugin_memsum.permission import SUPERUSER, SUPERUSER_OR_GROUP_ADMIN
+from nonebot_plugin_memsum.settings import place_scope
+from tests.fakes.agent import GROUP, MakeRuntime
 from tests.fakes.botproc import REPO, BotProcess
+from tests.fakes.nonebug import group_msg, new_group, private_msg
 
 
 # ---- Empty values mean the default --------------------------------------------------------------
@@ -147,3 +160,109 @@ def test_every_key_is_in_the_shipped_env_example_under_a_comment_and_its_values_
     config = parse_config(raw)
     assert config.memsum_tiers["onebot.group"].compress_at == 0.5
     assert config.memsum_models[0].id == "deepseek/deepseek-chat"
+
+
+# ---- Each key takes effect with a valid non-default value ----------------------------------------
+class _Bot:
+    """What `send_reply` uses of a OneBot bot: the calls it made."""
+
+    self_id = "10000"
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def call_api(self, api: str, **data: Any) -> Any:
+        self.calls.append(api)
+        return {}
+
+    async def send(self, event: Any, message: Any) -> Any:
+        self.calls.append("send")
+        return {"message_id": 1}
+
+
+@pytest.mark.parametrize(
+    ("threshold", "length", "sent_as"),
+    [
+        (300, 301, "send_group_forward_msg"),  # the default
+        (300, 300, "send"),
+        (10, 11, "send_group_forward_msg"),
+        (10, 10, "send"),
+        (0, 5000, "send"),  # 0 = never
+    ],
+)
+async def test_memsum_forward_threshold_decides_when_a_group_answer_is_merged_forward(
+    app: App, monkeypatch: pytest.MonkeyPatch, threshold: int, length: int, sent_as: str
+) -> None:
+    rt = runtime.get()
+    monkeypatch.setattr(rt, "config", rt.config.model_copy(update={"memsum_forward_threshold": threshold}))
+    bot = _Bot()
+    await send_reply(cast(Bot, bot), group_msg("在吗", new_group()), "好" * length, quote=True)
+    assert bot.calls[0] == sent_as
+    private = _Bot()
+    await send_reply(cast(Bot, private), private_msg("在吗"), "好" * length)
+    assert private.calls[0] == "send"  # a private chat never gets a merged-forward message
+
+
+async def test_memsum_tokenizer_cl100k_base_makes_every_estimate_a_cl100k_count(make_rt: MakeRuntime) -> None:
+    text = "周末去香山爬山吗？提取码 8x2k，链接在群文件里。"
+    assert encoding_name() == "o200k_base"
+    o200k = estimate_text_tokens(text)
+    try:
+        await make_rt(memsum_tokenizer="cl100k_base")
+        assert encoding_name() == "cl100k_base"
+        cl100k = estimate_text_tokens(text)
+        assert cl100k == len(tiktoken_encoding("cl100k_base").encode(text))
+        assert cl100k != o200k
+    finally:
+        load_encoding("o200k_base")  # process-wide: give the other tests their default back
+    assert estimate_text_tokens(text) == o200k
+
+
+async def test_memsum_daily_token_cap_and_default_mode_are_the_global_layer(make_rt: MakeRuntime) -> None:
+    rt = await make_rt(memsum_daily_token_cap=5000, memsum_default_mode="record")
+    cap = await rt.settings.of_place("daily_token_cap", GROUP)
+    assert (cap.value, cap.layer_label) == (5000, "全局配置")
+    assert await rt.controls.mode(GROUP) == "record"
+    # a place's own /限额 wins over it
+    await rt.settings.set("daily_token_cap", "place", place_scope(GROUP)[1], 100)
+    assert (await rt.settings.of_place("daily_token_cap", GROUP)).value == 100
+
+
+def _load_in_another_project(
+    tmp_path: Path, *, on_path: bool, **init: Any
+) -> subprocess.CompletedProcess[str]:
+    """NoneBot loading the plugin in another project's folder (not this clone's), as
+    `nb run` there does; `on_path`: the clone's folder is on sys.path, as a non-editable
+    install or an editable one in setuptools' compat mode make it (PYTHONPATH stands in)."""
+    settings = {"memsum_db_path": str(tmp_path / "m.db"), "localstore_data_dir": str(tmp_path), **init}
+    script = f"""
+import nonebot
+from nonebot.adapters.onebot.v11 import Adapter
+nonebot.init(**{settings!r})
+nonebot.get_driver().register_adapter(Adapter)
+plugin = nonebot.load_plugin("nonebot_plugin_memsum")
+print(plugin and sorted({{m.priority for m in plugin.matcher}}))
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMSUM_", "PYTHONPATH"))}
+    if on_path:
+        env["PYTHONPATH"] = str(REPO)
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=env,
+        check=False,
+    )
+
+
+def test_memsum_command_and_chat_priority_are_the_matchers_priorities(tmp_path: Path) -> None:
+    # The matchers are declared when the plugin loads: a fresh interpreter with the two keys set.
+    done = _load_in_another_project(
+        tmp_path, on_path=True, memsum_command_priority=3, memsum_chat_priority=70
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[3, 70]"
+    default = _load_in_another_project(tmp_path, on_path=True)
+    assert default.stdout.strip().splitlines()[-1] == "[5, 50]"
