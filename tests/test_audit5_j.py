@@ -266,3 +266,20 @@ def test_memsum_command_and_chat_priority_are_the_matchers_priorities(tmp_path: 
     assert done.stdout.strip().splitlines()[-1] == "[3, 70]"
     default = _load_in_another_project(tmp_path, on_path=True)
     assert default.stdout.strip().splitlines()[-1] == "[5, 50]"
+
+
+def test_the_readmes_install_from_a_clone_gives_a_plugin_nonebot_can_load(tmp_path: Path) -> None:
+    # The README told owners of an existing NoneBot project `pip install -e /path/to/clone`.
+    # setuptools' default editable install imports the package through a finder of its own,
+    # never through sys.path; NoneBot's PluginFinder (nonebot/plugin/manager.py) asks only
+    # PathFinder, so the plugin imported as a plain module: "Module nonebot_plugin_memsum is
+    # not loaded as a plugin!", logged, and the bot ran on without memory or commands. This
+    # test's own venv is such an install (.ci/run's `pip install -e`): the failure is real.
+    plain_editable = _load_in_another_project(tmp_path, on_path=False)
+    assert "is not loaded as a plugin" in plain_editable.stdout + plain_editable.stderr
+    assert plain_editable.stdout.strip().splitlines()[-1] == "None"
+    readme = _readme()
+    from_clone = next(line for line in readme.splitlines() if "/path/to/nonebot-plugin-memsum" in line)
+    assert "pip install /path/to/nonebot-plugin-memsum" in from_clone
+    assert "--config-settings editable_mode=compat" in from_clone
+    assert "pip install -e" in readme.split("## 在 QQ 里使用")[0].split("## 装进已有的 NoneBot 项目")[1]
