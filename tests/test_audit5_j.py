@@ -26,7 +26,7 @@ from nonebug import App
 
 from nonebot_plugin_memsum import __plugin_meta__, commands, runtime
 from nonebot_plugin_memsum.commands import COMMANDS
-from nonebot_plugin_memsum.config import Config, parse_config
+from nonebot_plugin_memsum.config import Config, ConfigError, parse_config
 from nonebot_plugin_memsum.llm.tokens import _build as tiktoken_encoding
 from nonebot_plugin_memsum.llm.tokens import encoding_name, estimate_text_tokens, load_encoding
 from nonebot_plugin_memsum.onebot.send import send_reply
@@ -283,3 +283,55 @@ def test_the_readmes_install_from_a_clone_gives_a_plugin_nonebot_can_load(tmp_pa
     assert "pip install /path/to/nonebot-plugin-memsum" in from_clone
     assert "--config-settings editable_mode=compat" in from_clone
     assert "pip install -e" in readme.split("## 在 QQ 里使用")[0].split("## 装进已有的 NoneBot 项目")[1]
+
+
+# ---- A wrong value stops start-up naming the key ---------------------------------------------
+@pytest.mark.parametrize(
+    ("raw", "key", "allowed"),
+    [
+        ({"memsum_capacity": "exact"}, "MEMSUM_CAPACITY", "'measured' or 'spec'"),
+        ({"memsum_group_admin_commands": "maybe"}, "MEMSUM_GROUP_ADMIN_COMMANDS", "valid boolean"),
+        ({"memsum_forward_threshold": -1}, "MEMSUM_FORWARD_THRESHOLD", "greater than or equal to 0"),
+        ({"memsum_backfill_hours": 200}, "MEMSUM_BACKFILL_HOURS", "less than or equal to 168"),
+        ({"memsum_backfill_count": -1}, "MEMSUM_BACKFILL_COUNT", "greater than or equal to 0"),
+        ({"memsum_compress_concurrency": 0}, "MEMSUM_COMPRESS_CONCURRENCY", "greater than or equal to 1"),
+        ({"memsum_compress_concurrency": 65}, "MEMSUM_COMPRESS_CONCURRENCY", "less than or equal to 64"),
+        ({"memsum_command_priority": -1}, "MEMSUM_COMMAND_PRIORITY", "greater than or equal to 0"),
+        ({"memsum_chat_priority": "high"}, "MEMSUM_CHAT_PRIORITY", "valid integer"),
+        ({"memsum_web_token": "short"}, "MEMSUM_WEB_TOKEN", "at least 16 characters"),
+        ({"memsum_resume_window": -5}, "MEMSUM_RESUME_WINDOW", "greater than or equal to 0"),
+        ({"memsum_compress_at": ""}, "MEMSUM_COMPRESS_AT", "valid number"),  # `MEMSUM_COMPRESS_AT=`
+        ({"memsum_models": ""}, "MEMSUM_MODELS", "not valid JSON"),  # `MEMSUM_MODELS=`
+    ],
+)
+def test_a_wrong_value_of_a_key_no_other_test_breaks_is_refused_naming_it(
+    raw: dict[str, Any], key: str, allowed: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw)
+    message = str(info.value)
+    assert message.startswith(f"invalid {key}: ")
+    assert allowed in message
+    assert "\n" not in message
+    assert "short" not in message  # a token's value is never shown
+
+
+# ---- Every script under bench/ starts ------------------------------------------------------------
+BENCHES = sorted(p.name for p in (REPO / "bench").glob("*.py") if "argparse" in p.read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("script", BENCHES)
+def test_every_benchmark_script_starts_and_explains_its_options(script: str, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSUM_")}
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / script), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"usage: {script}" in done.stdout
+    assert list(tmp_path.iterdir()) == []  # --help writes nothing
