@@ -11,9 +11,11 @@ Start-up goes through bot.py as a subprocess where the `.env` reading itself mat
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -34,7 +36,10 @@ from nonebot_plugin_memsum.permission import SUPERUSER, SUPERUSER_OR_GROUP_ADMIN
 from nonebot_plugin_memsum.settings import place_scope
 from tests.fakes.agent import GROUP, MakeRuntime
 from tests.fakes.botproc import REPO, BotProcess
+from tests.fakes.e2e import SELF_ID, group_sid, query, until, wait_log
+from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.nonebug import group_msg, new_group, private_msg
+from tests.fakes.onebot import OneBotSim, at, text
 
 
 # ---- Empty values mean the default --------------------------------------------------------------
@@ -112,8 +117,8 @@ def test_every_list_of_the_group_admins_commands_names_all_of_them() -> None:
         "/记忆帮助": commands._HELP_NOTES[0],
         "README English": english.split("may use `", 1)[1].split("`", 1)[0],
     }
-    for where, text in lists.items():
-        assert re.findall(r"/[^\s/(（）),，。]+", text) == expected, where
+    for where, words in lists.items():
+        assert re.findall(r"/[^\s/(（）),，。]+", words) == expected, where
     owner_only = [f"/{c.name}" for c in COMMANDS if c.name and c.permission is SUPERUSER]
     assert sorted(re.findall(r"/\S+", comment.split("(", 1)[1].split(" stay")[0])) == sorted(owner_only)
 
@@ -335,3 +340,101 @@ def test_every_benchmark_script_starts_and_explains_its_options(script: str, tmp
     assert done.returncode == 0, done.stderr
     assert f"usage: {script}" in done.stdout
     assert list(tmp_path.iterdir()) == []  # --help writes nothing
+
+
+# ---- Crash and restart keys with non-default values, through bot.py and the simulator -----------
+PERSONA = "你是审计五 j 群里的助手小记。"
+
+
+def _answers_to(sim: OneBotSim, message_id: int) -> list[Any]:
+    """Sends quoting `message_id` (a group answer quotes its question)."""
+    return [
+        c
+        for c in sim.calls
+        if c.action in {"send_msg", "send_group_msg"}
+        and any(
+            isinstance(seg, dict) and seg.get("type") == "reply" and str(seg["data"]["id"]) == str(message_id)
+            for seg in c.params.get("message") or []
+        )
+    ]
+
+
+def _age(db: Path, sid: str, seconds: float) -> None:
+    """Make everything a session stored `seconds` older (the bot is not running)."""
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE messages SET ts = ts - ? WHERE session_id = ?", (seconds, sid))
+        conn.execute(
+            "UPDATE message_counts SET newest_ts = newest_ts - ? WHERE session_id = ?", (seconds, sid)
+        )
+
+
+async def test_backfill_hours_backfill_count_and_resume_window_take_effect_on_reconnect(
+    tmp_path: Path, llm: ScriptedLLM
+) -> None:
+    llm.reset()
+    llm.on_request(lambda b: Reply("好的") if b["messages"][0]["content"] == PERSONA else None)
+    env = {
+        "MEMSUM_MODELS": json.dumps([llm.model_config("test/model")]),
+        "MEMSUM_PERSONA": PERSONA,
+        "MEMSUM_BACKFILL_HOURS": "1",  # default 24
+        "MEMSUM_BACKFILL_COUNT": "3",  # default 50
+        "MEMSUM_RESUME_WINDOW": "60",  # default 300
+    }
+    busy, stale, quiet = 7301, 7302, 7303
+    async with BotProcess(tmp_path / "bot", env=env, log_level="INFO") as bot:
+        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+        await sim.connect()
+        await wait_log(bot, f"Bot {SELF_ID} connected")
+        for group in (busy, stale, quiet):
+            await sim.group_message(group, 20001, f"你好 {group}", nickname="甲")
+        stored = "SELECT count(*) FROM messages"
+        await until(lambda: _rows(bot, stored, 3), "the three groups' first messages")
+        await bot.kill()
+        await asyncio.wait_for(sim.disconnected.wait(), 15)
+        for group in (busy, stale, quiet):
+            _age(bot.db_path, group_sid(group), 1000)  # all three within the last hour…
+        _age(bot.db_path, group_sid(stale), 7200)  # …but this one: its last message 2 h ago
+        # Said while the bot was down (the simulator keeps it, as QQ does).
+        for word in ("零", "一", "二"):
+            await sim.group_message(busy, 20002, word, nickname="乙")
+        question = await sim.group_message(busy, 20003, [at(SELF_ID), text(" 新问题")], nickname="丙")
+        await sim.group_message(stale, 20002, "有人吗", nickname="乙")
+        old = await sim.group_message(quiet, 20003, [at(SELF_ID), text(" 旧问题")], nickname="丙")
+        sim.messages[old].time -= 200  # asked 200 s ago: older than the 60 s window
+        await bot.start()
+        await sim.connect()
+        await wait_log(bot, "memsum: backfill of 10000:")
+        await until(
+            lambda: _true(bool(_answers_to(sim, question))), "the answer to the question within the window"
+        )
+        await asyncio.sleep(1)
+        fetched = {c.params["group_id"]: c.params for c in sim.calls if c.action == "get_group_msg_history"}
+        assert sorted(fetched) == [busy, quiet]  # not the group quiet for 2 h (> MEMSUM_BACKFILL_HOURS)
+        assert {p["count"] for p in fetched.values()} == {3}
+        rows = await query(
+            bot.db_path, "SELECT content FROM messages WHERE session_id = ? ORDER BY id", group_sid(busy)
+        )
+        said = [r[0] for r in rows if r[0].startswith("[")]
+        # the newest 3 said while away (MEMSUM_BACKFILL_COUNT), not 零
+        assert said == [
+            f"[甲(20001)] 你好 {busy}",
+            "[乙(20002)] 一",
+            "[乙(20002)] 二",
+            "[丙(20003)] @小记(10000) 新问题",
+        ]
+        rows = await query(
+            bot.db_path, "SELECT content FROM messages WHERE session_id = ? ORDER BY id", group_sid(quiet)
+        )
+        assert [r[0] for r in rows] == [f"[甲(20001)] 你好 {quiet}", "[丙(20003)] @小记(10000) 旧问题"]
+        assert _answers_to(sim, old) == []  # stored, but older than MEMSUM_RESUME_WINDOW: not answered
+        assert len(_answers_to(sim, question)) == 1
+        await sim.close()
+    llm.reset()
+
+
+async def _rows(bot: BotProcess, sql: str, n: int) -> bool:
+    return bot.db_path.exists() and (await query(bot.db_path, sql))[0][0] >= n
+
+
+async def _true(value: bool) -> bool:
+    return value
