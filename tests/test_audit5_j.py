@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -31,14 +32,17 @@ from nonebot_plugin_memsum.commands import COMMANDS
 from nonebot_plugin_memsum.config import Config, ConfigError, parse_config
 from nonebot_plugin_memsum.llm.tokens import _build as tiktoken_encoding
 from nonebot_plugin_memsum.llm.tokens import encoding_name, estimate_text_tokens, load_encoding
+from nonebot_plugin_memsum.onebot import group_record
 from nonebot_plugin_memsum.onebot.send import send_reply
 from nonebot_plugin_memsum.permission import SUPERUSER, SUPERUSER_OR_GROUP_ADMIN
 from nonebot_plugin_memsum.settings import place_scope
+from nonebot_plugin_memsum.types import Message
 from tests.fakes.agent import GROUP, MakeRuntime
 from tests.fakes.botproc import REPO, BotProcess
 from tests.fakes.e2e import SELF_ID, group_sid, query, until, wait_log
 from tests.fakes.llm_server import Reply, ScriptedLLM
-from tests.fakes.nonebug import group_msg, new_group, private_msg
+from tests.fakes.nonebug import SELF_ID as SELF_ID_STR
+from tests.fakes.nonebug import Satisfies, forwarded_text, group_msg, new_group, private_msg
 from tests.fakes.onebot import OneBotSim, at, text
 
 
@@ -438,3 +442,57 @@ async def _rows(bot: BotProcess, sql: str, n: int) -> bool:
 
 async def _true(value: bool) -> bool:
     return value
+
+
+# ---- Commands as the README describes them ------------------------------------------------------
+async def test_recall_results_that_are_long_go_out_as_a_merged_forward_message_in_groups(app: App) -> None:
+    # README: /回忆 … 结果长时以合并转发发出.
+    group = new_group()
+    record = group_record(SELF_ID_STR, group)
+    for i in range(8):
+        said = f"[用户{20001 + i}({20001 + i})] 第 {i} 个网盘链接的提取码是 k{i}x9，" + "说明" * 20
+        await runtime.get().agent.record(record, Message(role="user", content=said, ts=1.0 + i))
+
+    def forwarded(nodes: Any) -> bool:
+        content = forwarded_text(nodes)
+        return content.startswith("找到 8 条（按相关程度排列）：\n") and all(
+            f"k{i}x9" in content for i in range(8)
+        )
+
+    async with app.test_matcher() as ctx:
+        bot = ctx.create_bot(base=Bot, self_id=SELF_ID_STR)
+        ctx.receive_event(bot, group_msg("/回忆 提取码", group))
+        ctx.should_call_api(
+            "send_group_forward_msg", {"group_id": group, "messages": Satisfies(forwarded)}, result={}
+        )
+
+
+async def test_a_second_sigterm_stops_at_once_without_waiting_for_the_turn(
+    tmp_path: Path, llm: ScriptedLLM
+) -> None:
+    # README 崩溃、重启与内存: SIGTERM waits up to 10 s for the turns in flight; 再按一次或 Ctrl-C 立即停止.
+    llm.reset()
+    env = {"MEMSUM_MODELS": json.dumps([llm.model_config("test/model")]), "MEMSUM_PERSONA": PERSONA}
+    bot = BotProcess(tmp_path / "bot", env=env, log_level="INFO")
+    await bot.start()
+    try:
+        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+        await sim.connect()
+        await wait_log(bot, f"Bot {SELF_ID} connected")
+        assert "memsum: web page off (MEMSUM_WEB_TOKEN is empty)" in bot.log()  # README 管理网页
+        with llm.gate(Reply("不会发出"), holds=lambda b: b["messages"][0]["content"] == PERSONA) as gate:
+            await sim.group_message(7401, 20001, [at(SELF_ID), text(" 在吗")], nickname="甲")
+            await gate.reached()
+            assert bot._proc is not None
+            bot._proc.send_signal(signal.SIGTERM)
+            await wait_log(bot, "memsum: SIGTERM: letting the turns in flight finish")
+            started = asyncio.get_running_loop().time()
+            bot._proc.send_signal(signal.SIGTERM)
+            await bot.wait_exit(8)  # well before the 10 s grace
+            assert asyncio.get_running_loop().time() - started < 8
+            gate.open()
+        assert not [c for c in sim.calls if c.action in {"send_msg", "send_group_msg"}]
+        await sim.close()
+    finally:
+        await bot.stop()
+        llm.reset()
