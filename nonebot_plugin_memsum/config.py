@@ -173,7 +173,7 @@ class Config(BaseModel):
     memsum_timezone: str | None = None
     """IANA zone (e.g. `Asia/Shanghai`) where the days of /用量 and /限额 begin; default: the system's."""
     memsum_error_reply: str = "抱歉，我这边出了点问题，请稍后再试。"
-    """What the bot says in chat when a turn fails (details go to the log only)."""
+    """What the bot says in chat when a turn fails (details go to the log only); empty: nothing."""
     memsum_db_path: Path | None = None
     """SQLite file; default (also when empty): the plugin's data file from nonebot-plugin-localstore."""
     memsum_db_url: SecretStr = SecretStr("")

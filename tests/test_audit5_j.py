@@ -37,10 +37,11 @@ from nonebot_plugin_memsum.onebot.send import send_reply
 from nonebot_plugin_memsum.permission import SUPERUSER, SUPERUSER_OR_GROUP_ADMIN
 from nonebot_plugin_memsum.settings import place_scope
 from nonebot_plugin_memsum.types import Message
-from tests.fakes.agent import GROUP, MakeRuntime
+from tests.fakes.agent import GROUP, GROUP_ENTRY, MakeRuntime, Replies
 from tests.fakes.botproc import REPO, BotProcess
 from tests.fakes.e2e import SELF_ID, group_sid, query, until, wait_log
 from tests.fakes.llm_server import Reply, ScriptedLLM
+from tests.fakes.logs import captured
 from tests.fakes.nonebug import SELF_ID as SELF_ID_STR
 from tests.fakes.nonebug import Satisfies, forwarded_text, group_msg, new_group, private_msg
 from tests.fakes.onebot import OneBotSim, at, text
@@ -496,3 +497,36 @@ async def test_a_second_sigterm_stops_at_once_without_waiting_for_the_turn(
     finally:
         await bot.stop()
         llm.reset()
+
+
+# ---- MEMSUM_ERROR_REPLY written empty ------------------------------------------------------------
+@pytest.mark.parametrize("written", ["", "   "])
+async def test_an_empty_error_reply_says_nothing_in_chat_and_still_settles_the_question(
+    make_rt: MakeRuntime, llm: ScriptedLLM, written: str
+) -> None:
+    # Before: `MEMSUM_ERROR_REPLY=` sent an empty message on every failed turn (a bare quote in
+    # a group), which OneBot implementations refuse, so each failure also logged a send error.
+    # .env.example's empty values mean "off" (MEMSUM_WEB_TOKEN=) or "the default" elsewhere;
+    # an owner who empties the apology wants silence.
+    rt = await make_rt(memsum_error_reply=written)
+    await rt.agent.record(
+        GROUP, Message(role="user", content="[甲(20001)] 在吗", name="20001", addressed=True)
+    )
+    llm.push(Reply(status=400))
+    replies = Replies()
+    with captured("DEBUG") as lines:
+        assert await rt.agent.run_turn(GROUP.id, replies, GROUP_ENTRY) == "error"
+    assert replies.texts == []
+    assert not [line for line in lines if "could not send" in line]
+    assert await rt.store.pending_questions(0) == []  # settled as if apologised: never resumed
+
+
+async def test_a_set_error_reply_is_still_said(make_rt: MakeRuntime, llm: ScriptedLLM) -> None:
+    rt = await make_rt(memsum_error_reply="稍等，我这边有点问题。")
+    llm.push(Reply(status=400))
+    replies = Replies()
+    await rt.agent.record(
+        GROUP, Message(role="user", content="[甲(20001)] 在吗", name="20001", addressed=True)
+    )
+    assert await rt.agent.run_turn(GROUP.id, replies, GROUP_ENTRY) == "error"
+    assert replies.texts == ["稍等，我这边有点问题。"]

@@ -476,7 +476,10 @@ def _estimated(msg: Message) -> Message:
 
 
 async def _quietly(reply: ReplyFn, text: str) -> None:
-    """Sending may fail (the connection dropped); what was said is already stored."""
+    """Sending may fail (the connection dropped); what was said is already stored. Nothing
+    is sent for a blank text (`MEMSUM_ERROR_REPLY=` empty: say nothing when a turn fails)."""
+    if not text.strip():
+        return
     try:
         await reply(text)
     except Exception as err:
