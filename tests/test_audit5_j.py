@@ -151,7 +151,35 @@ def test_the_readme_test_command_is_the_one_ci_runs() -> None:
     # .ci/run only adds pip's -q
     assert " && ".join(ci_lines).replace("pip install -q -e", "pip install -e") == test_command
     start = next(line for line in quick.splitlines() if "bot.py" in line)
-    assert start.startswith("python3 -m venv .venv && .venv/bin/pip install -e . && cp -n .env.example .env")
+    assert start.startswith("python3 -m venv .venv && .venv/bin/pip install -e . && ")
+    assert start.endswith(" && .venv/bin/python bot.py")
+
+
+def test_the_quick_start_runs_again_once_env_exists_whatever_cp_does(tmp_path: Path) -> None:
+    # README: the first run copies .env.example to .env; fill it in, then 再运行同一条命令.
+    # Before: the copy was `cp -n .env.example .env`, and GNU cp 9.2 to 9.4 (Ubuntu 24.04)
+    # exits 1 when -n skips an existing file (coreutils NEWS 9.2; reverted in 9.5, which warns
+    # instead), so the second run stopped there and never started the bot.
+    quick = _readme().split("## 快速开始", 1)[1].split("```", 2)[1]
+    start = next(line for line in quick.splitlines() if "bot.py" in line)
+    copy = start.split(" && ", 2)[2].rsplit(" && ", 1)[0]  # between the install and bot.py
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "cp").write_text(
+        "#!/bin/sh\n# GNU cp 9.2-9.4: -n and an existing destination exit 1\n"
+        'if [ "$1" = "-n" ]; then [ -e "$3" ] && exit 1; shift; fi\nexec /bin/cp "$@"\n'
+    )
+    (shim / "cp").chmod(0o755)
+    work = tmp_path / "clone"
+    work.mkdir()
+    (work / ".env.example").write_text('SUPERUSERS=["10001"]\n')
+    env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}"}
+    first = subprocess.run(["sh", "-c", copy], cwd=work, env=env, capture_output=True, text=True, check=False)
+    assert first.returncode == 0, first.stderr
+    (work / ".env").write_text('SUPERUSERS=["424242"]\n')  # the owner fills it in
+    again = subprocess.run(["sh", "-c", copy], cwd=work, env=env, capture_output=True, text=True, check=False)
+    assert again.returncode == 0, again.stderr
+    assert (work / ".env").read_text() == 'SUPERUSERS=["424242"]\n'
 
 
 def test_every_key_is_in_the_shipped_env_example_under_a_comment_and_its_values_load() -> None:
