@@ -26,10 +26,11 @@ import pytest
 from dotenv import dotenv_values
 from nonebot.adapters.onebot.v11 import Bot
 from nonebug import App
+from pydantic import SecretStr
 
 from nonebot_plugin_memsum import __plugin_meta__, commands, runtime
 from nonebot_plugin_memsum.commands import COMMANDS
-from nonebot_plugin_memsum.config import Config, ConfigError, parse_config
+from nonebot_plugin_memsum.config import DEFAULT_PERSONA, Config, ConfigError, parse_config
 from nonebot_plugin_memsum.llm.tokens import _build as tiktoken_encoding
 from nonebot_plugin_memsum.llm.tokens import encoding_name, estimate_text_tokens, load_encoding
 from nonebot_plugin_memsum.onebot import group_record
@@ -558,3 +559,26 @@ async def test_a_set_error_reply_is_still_said(make_rt: MakeRuntime, llm: Script
     )
     assert await rt.agent.run_turn(GROUP.id, replies, GROUP_ENTRY) == "error"
     assert replies.texts == ["稍等，我这边有点问题。"]
+
+
+def test_the_readme_configuration_table_gives_each_keys_real_default() -> None:
+    section = _readme().split("## 配置（`.env`）", 1)[1].split("某个值不合法时", 1)[0]
+    defaults = parse_config({})
+    words = {"无": None, "内置": DEFAULT_PERSONA, "系统时区": None, "localstore 数据文件": None}
+    seen = []
+    for keys, shown in re.findall(r"(?m)^\| (`MEMSUM_[^|]+) \| ([^|]+) \|", section):
+        names = re.findall(r"`(MEMSUM_\w+)`", keys)
+        values = re.findall(r"`([^`]+)`", shown) or [shown.strip()] * len(names)
+        for name, value in zip(names, values, strict=True):
+            actual = getattr(defaults, name.lower())
+            if isinstance(actual, SecretStr):
+                assert value.startswith("空"), name
+                assert actual.get_secret_value() == "", name
+            elif value in words:
+                assert actual == words[value], name
+            elif value in ("measured", "on"):
+                assert actual == value, name
+            else:
+                assert json.loads(value) == actual, name
+            seen.append(name)
+    assert len(seen) == 25
