@@ -44,7 +44,7 @@ from tests.fakes.e2e import SELF_ID, group_sid, query, until, wait_log
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.logs import captured
 from tests.fakes.nonebug import SELF_ID as SELF_ID_STR
-from tests.fakes.nonebug import Satisfies, forwarded_text, group_msg, new_group, private_msg
+from tests.fakes.nonebug import Like, Satisfies, forwarded_text, group_msg, new_group, private_msg, run
 from tests.fakes.onebot import OneBotSim, at, text
 
 
@@ -582,3 +582,17 @@ def test_the_readme_configuration_table_gives_each_keys_real_default() -> None:
                 assert json.loads(value) == actual, name
             seen.append(name)
     assert len(seen) == 25
+
+
+@pytest.mark.parametrize(
+    ("typed", "period"),
+    [("/用量", "今天"), ("/用量 今天", "今天"), ("/用量 30天", "30天"), ("/用量 ３０天", "30天")],
+)
+async def test_every_period_of_the_usage_command_is_read(app: App, typed: str, period: str) -> None:
+    # README / usage text: /用量 [今天|7天|30天|全部], 今天 by default (7天 and 全部 are tested elsewhere).
+    group = new_group()
+    await run(
+        app,
+        group_msg(typed, group),
+        Like(rf"本群用量（{period}）：回答 0 次，压缩 0 次\n这段时间没有调用模型。\n.*"),
+    )
