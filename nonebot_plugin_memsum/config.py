@@ -171,7 +171,8 @@ class Config(BaseModel):
     memsum_user_cooldown: float = Field(default=0, ge=0)
     """Seconds a group member waits between two answers; 0 = no wait."""
     memsum_timezone: str | None = None
-    """IANA zone (e.g. `Asia/Shanghai`) where the days of /用量 and /限额 begin; default: the system's."""
+    """IANA zone (e.g. `Asia/Shanghai`) where the days of /用量 and /限额 begin, and of the times
+    /摘要, /回忆, the recall tool and the web page show; default: the system's."""
     memsum_error_reply: str = "抱歉，我这边出了点问题，请稍后再试。"
     """What the bot says in chat when a turn fails (details go to the log only); empty: nothing."""
     memsum_db_path: Path | None = None
