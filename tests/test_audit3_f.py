@@ -382,3 +382,39 @@ async def test_a_reply_to_an_answer_the_implementation_forgot_still_asks_the_bot
         assert stored[4] == ("user", f"[丙(20003)] [回复 小记({SELF_ID})：{ANSWER}] 再讲一遍？")
         assert stored[5] == ("assistant", ANSWER)
         await sim.close()
+
+
+async def test_a_quote_of_another_chat_shows_nothing_of_it_and_does_not_ask_the_bot(
+    tmp_path: Path, llm: ScriptedLLM
+) -> None:
+    """NapCat's message ids are global and its `get_msg` finds a message of any chat
+    (NapNeko/NapCatQQ src/onebot/action/msg/GetMsg.ts answers by id alone, with the
+    message's own `message_type` and `group_id`); a QQ client only quotes within a chat,
+    but a crafted reply segment can name any id. The quoted words of the owner's private
+    chat or of another group never enter this group's record, and quoting the bot's
+    answer from the private chat does not make the bot answer in the group."""
+    llm.reset()
+    llm.on_request(lambda b: Reply(ANSWER) if is_chat(b) else None)
+    group, other = 73103, 73104
+    async with BotProcess(tmp_path / "bot", env=env(llm)) as proc:
+        sim = OneBotSim(proc.ws_url, self_id=SELF_ID, access_token=proc.access_token)
+        await sim.connect()
+        await wait_log(proc, f"Bot {SELF_ID} connected")
+        await sim.private_message(10001, "我的银行卡密码是多少来着", nickname="群主")
+        await wait_rows(proc, f"onebot:{SELF_ID}:private:10001", 2)
+        private_answer = next(
+            m.message_id
+            for m in sim.messages.values()
+            if m.message_type == "private" and m.sender.get("user_id") == int(SELF_ID)
+        )
+        elsewhere = await sim.group_message(other, 20009, "别的群的秘密", nickname="戊")
+        await wait_rows(proc, group_sid(other), 1)
+        sent_before = len(sim.sent_texts())
+        await sim.group_message(group, 20005, [reply(private_answer), text("这是什么")], nickname="戊")
+        await sim.group_message(group, 20005, [reply(elsewhere), text("什么秘密")], nickname="戊")
+        stored = await wait_rows(proc, group_sid(group), 2)
+        assert stored == [("user", "[戊(20005)] 这是什么"), ("user", "[戊(20005)] 什么秘密")]
+        await asyncio.sleep(1)
+        assert len(sim.sent_texts()) == sent_before  # not answered in the group
+        assert len(await rows(proc, group_sid(group))) == 2
+        await sim.close()

@@ -26,7 +26,14 @@ from nonebot_plugin_memsum.types import SessionRecord
 
 from . import fastpath, recovery
 from .fastpath import Claim, Route
-from .record import notice_record, quotes_forgotten_answer, record_message, record_notice, record_of
+from .record import (
+    drop_foreign_quote,
+    notice_record,
+    quotes_forgotten_answer,
+    record_message,
+    record_notice,
+    record_of,
+)
 from .render import is_empty
 from .send import replier
 from .sessions import entry_of, group_session_id, private_session_id
@@ -118,6 +125,7 @@ def register_matchers(priority: int, is_command: Callable[[T_State], bool], comm
         if is_command(state):
             release_arrival(event)
             return  # one of our commands its sender may not use: not ours to handle
+        drop_foreign_quote(bot, event)
         place, _ = record_of(bot, event)
         mode = await runtime.get().controls.mode(place)
         if mode == "off":

@@ -130,6 +130,25 @@ async def _stored_quote(bot: Bot, scope: str, platform_id: str) -> str:
     return "" if parts is None else quote_marker(*parts)
 
 
+def drop_foreign_quote(bot: Bot, event: MessageEvent) -> None:
+    """Forget a quote the implementation resolved to a message of another chat (NapCat's
+    message ids are global, and `get_msg` finds any of them; a QQ client cannot make such
+    a reply, a crafted one can): its words are not shown here, and quoting the bot there
+    does not ask it here (`to_me` again without the quote, as `recovery.addresses_bot` says)."""
+    reply = event.reply
+    if reply is None:
+        return
+    if isinstance(event, GroupMessageEvent):
+        where = getattr(reply, "group_id", None)  # not in OneBot v11's get_msg; NapCat adds it
+        foreign = reply.message_type == "private" or (where is not None and str(where) != str(event.group_id))
+    else:
+        speakers = {str(event.user_id), bot.self_id}
+        foreign = reply.message_type == "group" or str(reply.sender.user_id) not in speakers
+    if foreign:
+        event.reply = None
+        event.to_me = recovery.addresses_bot(event, bot.self_id, runtime.get().nicknames)
+
+
 async def quotes_forgotten_answer(bot: Bot, event: MessageEvent) -> bool:
     """A reply to one of the bot's answers that the implementation no longer holds: the
     adapter's `_check_reply` could not tell it asks the bot; the session's store can."""

@@ -321,7 +321,7 @@ async def _record_fetched(bot: Bot, event: MessageEvent) -> bool | None:
     """Stores a fetched message: whether it asked the bot, None when not stored."""
     from nonebot_plugin_memsum.commands import COMMAND_NAMES  # commands import this package
 
-    from .record import quotes_forgotten_answer, record_message
+    from .record import drop_foreign_quote, quotes_forgotten_answer, record_message
 
     if str(event.user_id) == bot.self_id or (is_empty(event.original_message) and event.reply is None):
         return None  # the bot's own answer is stored as the assistant's; nothing said
@@ -329,6 +329,7 @@ async def _record_fetched(bot: Bot, event: MessageEvent) -> bool | None:
         return None
     rt = runtime.get()
     await _resolve_reply(bot, event)
+    drop_foreign_quote(bot, event)
     asks = addresses_bot(event, bot.self_id, rt.nicknames) or await quotes_forgotten_answer(bot, event)
     _, msg = await record_message(bot, event, addressed=asks, said_at=float(event.time), fetched=True)
     return None if msg is None else asks
