@@ -7,7 +7,7 @@ from nonebot.log import logger
 from nonebot.plugin import PluginMetadata
 
 from .commands import USAGE, is_memsum_command, register_commands
-from .config import Config, ConfigError, parse_config
+from .config import Config, ConfigError, parse_config, unknown_keys
 from .errors import StoreError
 
 __plugin_meta__ = PluginMetadata(
@@ -37,12 +37,16 @@ def _run_as_tool() -> bool:
 if not _run_as_tool():
     require("nonebot_plugin_localstore")
     try:
-        plugin_config = parse_config(get_driver().config.model_dump())
+        raw_config = get_driver().config.model_dump()
+        plugin_config = parse_config(raw_config)
     except ConfigError as err:
         # R-CFG-1: a bad value stops start-up; load_plugin would swallow an Exception and
         # run on without us, so leave with SystemExit (a BaseException).
         logger.opt(colors=False).critical(f"nonebot-plugin-memsum: {err}")
         raise SystemExit(2) from None
+
+    for line in unknown_keys(raw_config):
+        logger.warning(f"nonebot-plugin-memsum: {line}")
 
     from nonebot_plugin_localstore import get_plugin_data_file
 

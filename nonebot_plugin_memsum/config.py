@@ -6,8 +6,10 @@ key and what it allows (R-CFG-1); `load_config` turns pydantic's error into that
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -298,6 +300,20 @@ def describe_error(err: ValidationError) -> str:
         except ValueError as bad:
             line += f"; the value is not valid JSON ({bad})"
     return line
+
+
+def unknown_keys(raw: Mapping[str, Any]) -> list[str]:
+    """One line for each `MEMSUM_…` key of NoneBot's config that is no setting of this plugin
+    (a typo is otherwise ignored without a word), naming the setting it most resembles."""
+    known = list(Config.model_fields)
+    lines = []
+    for key in sorted(
+        (k for k in raw if k.lower().startswith("memsum_") and k.lower() not in known), key=str.lower
+    ):
+        close = difflib.get_close_matches(key.lower(), known, n=1, cutoff=0.75)
+        hint = f" (did you mean {close[0].upper()}?)" if close else ""
+        lines.append(f"{key.upper()} is not a setting of this plugin and is ignored{hint}")
+    return lines
 
 
 def parse_config(raw: dict[str, Any]) -> Config:

@@ -1,8 +1,11 @@
 """Every configuration validation error names its key and what it allows (R-CFG-1)."""
 
+from pathlib import Path
+
 import pytest
 
-from nonebot_plugin_memsum.config import DEFAULT_PERSONA, ConfigError, parse_config
+from nonebot_plugin_memsum.config import DEFAULT_PERSONA, Config, ConfigError, parse_config, unknown_keys
+from tests.fakes.botproc import BotProcess
 
 MODEL = {"id": "p/m", "base_url": "http://127.0.0.1:1/v1", "context_window": 8000}
 
@@ -126,3 +129,37 @@ def test_prices_and_zone_are_read() -> None:
     model = config.memsum_models[0]
     assert (model.price_in, model.price_out, model.price_cached, model.currency) == (2, 8, 0.5, "元")
     assert config.memsum_timezone == "Asia/Shanghai"
+
+
+def test_a_misspelt_key_is_named_with_the_setting_it_resembles() -> None:
+    # R-CFG-1's "a wrong value is refused" has a blind spot: a key the plugin does not know
+    # is not read at all. Start-up warns about each one (bot.py: test below).
+    raw = {
+        "memsum_compres_at": 0.5,
+        "MEMSUM_DAILY_TOKEN_CAPS": 3,
+        "memsum_colour": "red",
+        "memsum_persona": "x",
+        "superusers": ["1"],
+        "nickname": ["小记"],
+    }
+    assert unknown_keys(raw) == [
+        "MEMSUM_COLOUR is not a setting of this plugin and is ignored",
+        "MEMSUM_COMPRES_AT is not a setting of this plugin and is ignored (did you mean MEMSUM_COMPRESS_AT?)",
+        "MEMSUM_DAILY_TOKEN_CAPS is not a setting of this plugin and is ignored"
+        " (did you mean MEMSUM_DAILY_TOKEN_CAP?)",
+    ]
+    assert unknown_keys(dict.fromkeys(Config.model_fields)) == []
+
+
+async def test_bot_py_warns_about_a_misspelt_key_and_starts(tmp_path: Path) -> None:
+    bot = BotProcess(tmp_path, env={"MEMSUM_COMPRES_AT": "0.5"}, log_level="INFO")
+    try:
+        await bot.start()
+    finally:
+        code = await bot.stop()
+    log = bot.log()
+    assert code == 0, log
+    assert (
+        "MEMSUM_COMPRES_AT is not a setting of this plugin and is ignored (did you mean MEMSUM_COMPRESS_AT?)"
+        in log
+    )
