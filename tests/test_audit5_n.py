@@ -12,9 +12,15 @@ import math
 import random
 import re
 from dataclasses import dataclass, field
+from datetime import date, datetime, timedelta
 from fractions import Fraction
 from typing import Any
+from zoneinfo import ZoneInfo
 
+import pytest
+
+from nonebot_plugin_memsum import clock
+from nonebot_plugin_memsum import usage as ledger
 from nonebot_plugin_memsum.agent.events import UsageEvent
 from nonebot_plugin_memsum.compression.service import DIVIDER, INJECTION_HEAD
 from nonebot_plugin_memsum.llm.tokens import estimate_stored, estimate_text_tokens
@@ -23,6 +29,7 @@ from tests.fakes.llm_server import Reply
 from tests.fakes.service import (
     GROUP,
     IN_GROUP,
+    NOTHING_KEPT,
     Env,
     Make,
     conversation_of,
@@ -340,3 +347,96 @@ async def test_r_trig_4_r_back_2_3_4_hold_at_every_turn_of_a_long_run(make: Make
     assert successes >= 5
     assert attempts - successes >= 5
     assert max(waits) >= 4, waits
+
+
+# ---- issue 10: the daily cap and the member cooldown over five weeks of MEMSUM_TIMEZONE days -------
+NEW_YORK = ZoneInfo("America/New_York")
+
+
+def local(day: date, hh: int, mm: int = 0, ss: float = 0.0) -> float:
+    """The moment `day hh:mm:ss` in New York (the wall clock the owner reads)."""
+    whole = datetime(day.year, day.month, day.day, hh, mm, int(ss), tzinfo=NEW_YORK)
+    return whole.timestamp() + (ss - int(ss))
+
+
+async def test_the_cap_and_cooldown_follow_new_york_days_for_five_weeks_across_dst(
+    make: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server's clock is UTC; MEMSUM_TIMEZONE is New York, whose offset changes on
+    # 2026-03-08 (−5 → −4). Five weeks of a capped group with a count line: members ask at
+    # random moments, many right around local midnight and UTC midnight (19:00 / 20:00 local).
+    # Every decision is checked against the ledger this test keeps by hand: tokens of chat
+    # and summary calls since local midnight; a cap notice once a local day; a cooldown of
+    # 90 s per member, whatever the day.
+    cap, cooldown = 2500, 90.0
+    env = await make(
+        memsum_timezone="America/New_York",
+        memsum_daily_token_cap=cap,
+        memsum_user_cooldown=cooldown,
+        memsum_history_limit=6,
+    )
+    rt, model = env.rt, env.model
+    now = [local(date(2026, 2, 20), 9)]
+    monkeypatch.setattr(clock, "now", lambda: now[0])
+    model.chat_default = Reply("好的", usage=usage(400))  # 405 tokens a turn
+    model.summary_default = Reply(NOTHING_KEPT, usage=usage(300))  # 305 a compression
+    rng = random.Random(310)
+    spent: list[tuple[float, int]] = []
+    answered: list[float] = []
+    compressed: list[float] = []
+    noticed: set[date] = set()
+    last: dict[str, float] = {}
+    seen = {"answer": 0, "cap_notice": 0, "capped": 0, "cooling": 0}
+    said = 0
+    moments: list[float] = []
+    for offset in range(35):
+        day = date(2026, 2, 20) + timedelta(days=offset)
+        moments += [local(day, 23, 59, 59.5), local(day + timedelta(days=1), 0, 0, 0.0)]
+        moments += [local(day, h) for h in (19, 20)]  # UTC midnight, before and after DST
+        moments += [local(day, rng.randint(8, 22), rng.randint(0, 59), rng.randint(0, 59)) for _ in range(3)]
+    moments += [t + rng.uniform(1, 150) for t in moments if rng.random() < 0.5]  # asked again soon
+    moments.sort()
+    for t in moments:
+        for user in rng.sample(["20001", "20002", "20003"], rng.randint(1, 2)):
+            now[0] = t
+            today = datetime.fromtimestamp(t, NEW_YORK).date()
+            midnight = datetime(today.year, today.month, today.day, tzinfo=NEW_YORK).timestamp()
+            used = sum(tokens for at, tokens in spent if at >= midnight)
+            if used >= cap:
+                expected = "capped" if today in noticed else "cap_notice"
+                noticed.add(today)
+            elif t - last.get(user, -math.inf) < cooldown:
+                expected = "cooling"
+            else:
+                expected = "answer"
+                last[user] = t
+            await rt.agent.record(
+                GROUP, Message(role="user", content=f"[成员({user})] 第{said}句", name=user, ts=t)
+            )
+            said += 1
+            decision = await rt.controls.answer(GROUP, user, in_group=True)
+            assert decision == expected, (datetime.fromtimestamp(t, NEW_YORK), user, used)
+            seen[decision] += 1
+            if decision == "answer":
+                before = len(model.summary_requests())
+                await rt.agent.run_turn(GROUP.id, entry=IN_GROUP)
+                await settle(rt)
+                spent.append((t, 405))
+                spent += [(t, 305)] * (len(model.summary_requests()) - before)
+                answered.append(t)
+                compressed += [t] * (len(model.summary_requests()) - before)
+            # /用量 今天 reads the same ledger: every token of the local day, compressions too.
+            since = ledger.period_start("今天", t, rt.controls.zone)
+            rows, activity = await ledger.load(rt.store, ledger.usage_place(GROUP), since)
+            today_spent = sum(k for at, k in spent if at >= midnight)
+            assert sum(r.tokens_in + r.tokens_out for r in rows) == today_spent
+            # … and its answers and compressions of the day, archived dividers included.
+            assert activity.answers == sum(at >= midnight for at in answered)
+            assert activity.compressions == sum(at >= midnight for at in compressed)
+    assert all(seen.values()), seen
+    assert len(noticed) >= 20  # most days reached the cap
+    assert len(compressed) >= 20
+    week = ledger.period_start("7天", now[0], rt.controls.zone)
+    assert week == local(datetime.fromtimestamp(now[0], NEW_YORK).date() - timedelta(days=6), 0)
+    _, activity = await ledger.load(rt.store, ledger.usage_place(GROUP), week)
+    assert activity.compressions == sum(at >= week for at in compressed)
