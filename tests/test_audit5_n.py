@@ -437,6 +437,7 @@ async def test_the_cap_and_cooldown_follow_new_york_days_for_five_weeks_across_d
     assert len(noticed) >= 20  # most days reached the cap
     assert len(compressed) >= 20
     week = ledger.period_start("7天", now[0], rt.controls.zone)
+    assert week is not None
     assert week == local(datetime.fromtimestamp(now[0], NEW_YORK).date() - timedelta(days=6), 0)
     _, activity = await ledger.load(rt.store, ledger.usage_place(GROUP), week)
     assert activity.compressions == sum(at >= week for at in compressed)
