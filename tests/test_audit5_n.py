@@ -441,3 +441,42 @@ async def test_the_cap_and_cooldown_follow_new_york_days_for_five_weeks_across_d
     assert week == local(datetime.fromtimestamp(now[0], NEW_YORK).date() - timedelta(days=6), 0)
     _, activity = await ledger.load(rt.store, ledger.usage_place(GROUP), week)
     assert activity.compressions == sum(at >= week for at in compressed)
+
+
+# ---- R-TRIG-3 and the hard trim over a long run: the question always reaches the model ----------
+async def test_r_trig_3_over_forty_turns_near_the_window_every_question_is_sent_whole(make: Make) -> None:
+    # Chat window 5000: trim budget 5000 − 1024 = 3976 = E (compress_at 1). Members paste
+    # anything from a word to a page; the summariser writes a summary of its own size each
+    # time. At every turn the request carries the summary once and the newest question
+    # verbatim; a turn is sent hard-trimmed only when what lies before its question is under
+    # E / 2 (nothing worth compressing); the history never needs more than E / 2 before a run.
+    env = await make(chat={"context_window": 5000}, memsum_compress_at=1.0)
+    rt, model = env.rt, env.model
+    rng = random.Random(4242)
+    usages: list[UsageEvent] = []
+    rt.bus.subscribe(UsageEvent, lambda e: usages.append(e) if e.turn_id else None)
+    line = 3976
+    said = 0
+    compressions = trimmed_turns = 0
+    for turn in range(40):
+        size = rng.choice([10, 60, 200, 600, 1200])
+        await seed(rt, rng.randint(1, 4), start=said, size=size)
+        said += 1
+        history = await rt.store.get_history(GROUP.id)
+        question = [m for m in history if m.role == "user"][-1]
+        before = sum(estimate_stored(m) for m in history if m.is_conversation and m.id != question.id)
+        topic = "话" * rng.randint(20, 600)
+        model.summary_default = Reply(
+            f"【保留原文】无\n## 最近在聊什么\n{topic}\n## 谁有问题没回应\n无\n## 关键原话要点\n无"
+        )
+        runs = len(model.summary_requests())
+        chat = await Run(env, rng).turn()
+        compressions += len(model.summary_requests()) > runs
+        record = await summary_of(rt)
+        assert len(injected(chat)) == (1 if record else 0)
+        assert chat["messages"][-1] == {"role": "user", "content": question.content}, turn
+        if usages[-1].trimmed:
+            trimmed_turns += 1
+            assert 2 * before < line, (turn, before)
+    # Issue 9's run inside the turn made room every time: no turn of this seed was trimmed.
+    assert (compressions >= 10, trimmed_turns) == (True, 0)
