@@ -390,8 +390,11 @@ async def test_r_inj_2_a_summary_longer_than_the_trim_budget_is_sent_whole(make:
     long_text = f"## 最近在聊什么\n{topics}"
     long_text += "## 谁有问题没回应\n无\n## 关键原话要点\n无"
     await put_summary(rt, long_text, "chat")
-    await seed(rt, 3)
+    # Only the question: with lines before it the turn would rewrite the oversized summary
+    # first (test_audit5_n); with nothing to compress the summary goes out as it is, whole.
+    await seed(rt, 1)
     await turn(env)
+    assert model.summary_requests() == []
     _, message = summary_message(model.chat_requests()[-1])
     assert message == {"role": "system", "content": f"{INJECTION_HEAD}\n\n{long_text}"}
 

@@ -24,6 +24,7 @@ from nonebot_plugin_memsum import usage as ledger
 from nonebot_plugin_memsum.agent.events import UsageEvent
 from nonebot_plugin_memsum.compression.service import DIVIDER, INJECTION_HEAD
 from nonebot_plugin_memsum.llm.tokens import estimate_stored, estimate_text_tokens
+from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE
 from nonebot_plugin_memsum.types import Message
 from tests.fakes.llm_server import Reply
 from tests.fakes.service import (
@@ -480,3 +481,38 @@ async def test_r_trig_3_over_forty_turns_near_the_window_every_question_is_sent_
             assert 2 * before < line, (turn, before)
     # Issue 9's run inside the turn made room every time: no turn of this seed was trimmed.
     assert (compressions >= 10, trimmed_turns) == (True, 0)
+
+
+# ---- the owner moves the group to a smaller chat model ---------------------------------------------
+async def test_r_trig_3_a_summary_over_half_the_new_line_is_rewritten_before_the_question_is_cut(
+    make: Make,
+) -> None:
+    # Weeks of compressions under a 32k chat model left a summary of about 3,600 tokens (its
+    # budget then: 2,560, max_tokens 3,840). The owner switches to a 4k model: trim budget
+    # 4096 − 1024 = 3072 = E. The summary alone is over the trim budget, so the hard trim cut
+    # every question down to 「…（消息过长，已截断）」 and the bot answered nothing it was
+    # asked, turn after turn, as the few lines before each question were far under E / 2.
+    # Now the turn compresses first (the summary is rewritten) and the question goes out whole.
+    env = await make(chat={"context_window": 4096})
+    rt, model = env.rt, env.model
+    old = "## 最近在聊什么\n" + "旧话题的细节。" * 520 + "\n## 谁有问题没回应\n无\n## 关键原话要点\n无"
+    assert estimate_text_tokens(old) > 3072
+    await rt.store.put_meta(
+        SUMMARY_NAMESPACE, GROUP.id, {"text": old, "template": "chat", "time": 1.0, "kept_messages": 0}
+    )
+    run = Run(env, random.Random(1))
+    await run.talk(3, 30)  # what the group said since the last compression under the old model
+    for turn in range(6):
+        await run.talk(1, 30)
+        question = (await rt.store.get_history(GROUP.id))[-1]
+        chat = await run.turn()
+        assert chat["messages"][-1] == {"role": "user", "content": question.content}, turn
+    (request,) = model.summary_requests()  # one rewrite, then the summary fits: no second run
+    assert existing_summary_of(request) == old
+    # No usage of the new model yet, so no line: R-BUD-6, at most ⅔ of the summary model's
+    # physical cap (4096) = 2730; the scripted summariser writes far less.
+    assert stated(request)[0] == 2730
+    record = await summary_of(rt)
+    assert record is not None
+    assert record["text"] != old
+    check_injection(model.chat_requests()[-1], record["text"], [])

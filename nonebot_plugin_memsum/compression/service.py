@@ -516,6 +516,16 @@ class CompressionService:
         history = await self.store.get_history(session_id)
         end = cut_point(history) if question is None else cut_before_question(history, question)
         compressible = sum(estimate_stored(m) for m in history[:end] if m.is_conversation)
+        at = await self.compress_at(session_id, entry.platform, entry.platform_type)
+        line = compression_line(at, model.context_window, self.agent.trim_budget_of(model))
+        record = await self.summary(session_id) or {}
+        summary_tokens = estimate_text_tokens(str(record.get("text", "")))
+        if line is not None and 2 * summary_tokens >= line:
+            # A summary written under a larger line (a smaller chat model now, a lower
+            # compress_at) is itself what no longer fits: a run rewrites it within this line's
+            # budget (≤ E / 4, max_tokens ≤ 1.5 × that, so under E / 2: no second run for
+            # it). Left alone, the hard trim cut every question down to nothing.
+            compressible += summary_tokens
         facts = UsageFacts(
             turn_id="make_room",
             usage=prompt.estimate,
@@ -528,7 +538,7 @@ class CompressionService:
             platform=entry.platform,
             platform_type=entry.platform_type,
         )
-        if not usage_due(facts, await self.compress_at(session_id, entry.platform, entry.platform_type)):
+        if not usage_due(facts, at):
             return False
         if session_id in self._runs:  # R-PROG-3: a run (a /压缩) began while this turn decided
             return False
