@@ -577,6 +577,30 @@ async def test_the_web_api_takes_no_token_but_a_signed_in_session_and_shows_no_s
     assert await query(bot.db_path, "SELECT COUNT(*) FROM settings WHERE name = 'persona'") == persona_before
 
 
+async def test_the_owner_s_search_words_never_reach_the_log_at_info(bot: BotProcess, sim: OneBotSim) -> None:
+    """Issue 15: no message text at INFO. uvicorn's access log writes each URL at INFO
+    (nonebot/drivers/fastapi.py runs uvicorn with `uvicorn.access` at INFO), and the page
+    searches with `?q=…`: the words are left out, the request is still logged."""
+    import httpx
+
+    sid = group_sid(95070)
+    await sim.group_message(95070, 20071, "网盘提取码是喵喵喵")
+    await wait_rows(bot, sid, 1)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{bot.port}/memsum", timeout=10) as owner:
+        assert (await owner.post("/api/login", json={"token": WEB_TOKEN})).status_code == 200
+        resp = await owner.get(f"/api/sessions/{sid}/search", params={"q": "提取码", "speaker": "20071"})
+        assert resp.status_code == 200
+        assert "喵喵喵" in resp.text
+    line = f'"GET /memsum/api/sessions/{sid}/search?… HTTP/1.1" 200'
+    await until(lambda: _true(line in bot.log()), "the search request in the access log")
+    assert "提取码" not in bot.log()
+    assert "%E6%8F%90" not in bot.log().upper()  # nor percent-encoded
+
+
+async def _true(value: object) -> bool:
+    return bool(value)
+
+
 # A line of a recall result or /回忆 answer: `时间 [昵称(ID)] 正文`, after the hit's arrow or
 # a neighbour's indent (agent/recall.py).
 _RECORD_LINE = re.compile(r"^(?:→ |  )?\d{4}-\d{2}-\d{2} \d{2}:\d{2} \[[^\[\]\n]*\((\d+)\)\]", re.M)

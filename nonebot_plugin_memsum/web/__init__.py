@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 
@@ -32,12 +33,29 @@ def mount(driver: Driver, config: Config) -> None:
         )
     else:
         app.mount(PREFIX, create_app(runtime.get, token, _OneBotNames()))
+        access = logging.getLogger("uvicorn.access")
+        if not any(isinstance(f, _NoQueryInAccessLog) for f in access.filters):
+            access.addFilter(_NoQueryInAccessLog())
         host, port = driver.config.host, driver.config.port
         message = f"memsum: web page at http://{host}:{port}{PREFIX}/"
 
     @driver.on_startup
     async def _say() -> None:
         logger.info(message)
+
+
+class _NoQueryInAccessLog(logging.Filter):
+    """uvicorn's access log writes every URL at INFO, the page's search words with it, which
+    would then outlive a /清除 in the log files (issue 15: no message text at INFO): the
+    page's URLs are logged without their query."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # uvicorn: '%s - "%s %s HTTP/%s" %d' % (client, method, path with query, version, status)
+        args = record.args
+        if isinstance(args, tuple) and len(args) == 5 and isinstance(path := args[2], str):
+            if path.startswith(PREFIX + "/") and "?" in path:
+                record.args = (*args[:2], path.split("?", 1)[0] + "?…", *args[3:])
+        return True
 
 
 class _OneBotNames:
