@@ -24,6 +24,7 @@ from typing import Any
 from nonebot import get_driver
 from nonebot.adapters.onebot.v11 import Adapter, Bot, GroupMessageEvent, MessageEvent, PrivateMessageEvent
 from nonebot.adapters.onebot.v11.event import Reply
+from nonebot.adapters.onebot.v11.exception import ActionFailed
 from nonebot.compat import type_validate_python
 from nonebot.log import logger
 
@@ -42,6 +43,15 @@ SLACK = 5.0
 """Seconds before a session's last stored message a fetched one may be from and still be
 new: platform times are whole seconds, stored times are when the bot received them."""
 HISTORY_ACTIONS = {"group": "get_group_msg_history", "private": "get_friend_msg_history"}
+UNKNOWN_ACTION = 1404
+"""The retcode of an action the implementation does not have (OneBot v11 communication
+docs; NapCat src/onebot/network/*websocket*.ts `不支持的api`, go-cqhttp, Lagrange)."""
+PROBES = 3
+"""Sessions a history action may fail for, before it has answered once on the connection,
+and still be tried for another. A failure for one place says little of the others: NapCat
+answers retcode 1200 with the error of the place (a group the bot has left since), LLOneBot
+「未找到消息」 for a place it holds no message of. Once the action has answered, a failure
+skips that session only."""
 
 
 @dataclass
@@ -53,6 +63,12 @@ class Account:
     gates: dict[str, asyncio.Event] = field(default_factory=dict)
     unsupported: set[str] = field(default_factory=set)
     """History actions the implementation refused on this connection: not called again."""
+    answered: set[str] = field(default_factory=set)
+    """History actions that answered at least once on this connection."""
+    refused: dict[str, int] = field(default_factory=dict)
+    """Per history action, its failures before it first answered (PROBES)."""
+    skipped: int = 0
+    """Sessions whose history could not be fetched while the action works for others."""
     task: asyncio.Task[None] | None = None
     todo: dict[str, float] = field(default_factory=dict)
     """Sessions whose fetch has not started: their last stored message's time, oldest first."""
@@ -239,20 +255,18 @@ async def _recover(bot: Bot, account: Account) -> None:
             while (item := next_session(account.todo, account.wanted)) is not None:
                 await _fetch(bot, account, *item)
 
-        # One session of each kind first: an implementation without the action answers
-        # one call with a failure, not a thousand.
-        probes: dict[str | None, tuple[str, float]] = {}
-        for sid, last in sessions:
-            probes.setdefault(_target(sid)[0], (sid, last))
-        account.todo = {sid: last for sid, last in sessions if (sid, last) not in probes.values()}
-        await asyncio.gather(*(_fetch(bot, account, sid, last) for sid, last in probes.values()))
+        # One session of each kind first, the next one only if that failed: an implementation
+        # without the action answers one call with a failure, not a thousand.
+        account.todo = dict(sessions)
+        await asyncio.gather(*(_probe(bot, account, kind) for kind in HISTORY_ACTIONS))
         account.probed = True
         await asyncio.gather(*(fetcher() for _ in range(FETCHES_AT_ONCE)))
         while account.live:
             await asyncio.wait(set(account.live))
+        skipped = f"; {account.skipped} could not be fetched" if account.skipped else ""
         logger.info(
             f"memsum: backfill of {bot.self_id}: {account.stored} messages said while away stored"
-            f" in {len(sessions)} sessions ({(clock.now() - started) * 1000:.0f} ms)"
+            f" in {len(sessions)} sessions ({(clock.now() - started) * 1000:.0f} ms){skipped}"
         )
     if config.memsum_resume_window:
         await _resume_questions(bot, account)  # no backfill, or questions that came meanwhile
@@ -261,6 +275,17 @@ async def _recover(bot: Bot, account: Account) -> None:
                 f"memsum: {len(account.resumed)} sessions of {bot.self_id} had questions left unanswered;"
                 " answering"
             )
+
+
+async def _probe(bot: Bot, account: Account, kind: str) -> None:
+    """The account's sessions of one kind fetched one by one, in their turn, until the
+    action has answered or is known not to work (PROBES)."""
+    action = HISTORY_ACTIONS[kind]
+    while action not in account.answered and action not in account.unsupported:
+        sid = next((sid for sid in account.todo if _target(sid)[0] == kind), None)
+        if sid is None:
+            return
+        await _fetch(bot, account, sid, account.todo.pop(sid))
 
 
 async def _fetch(bot: Bot, account: Account, sid: str, last: float) -> None:
@@ -288,13 +313,10 @@ async def _backfill(bot: Bot, account: Account, sid: str, last: float) -> int:
     count = runtime.get().config.memsum_backfill_count
     try:
         data = await bot.call_api(action, **history_params(kind, target, count))
-    except Exception as err:  # ActionFailed (unknown action, bad params), NetworkError
-        if action not in account.unsupported:
-            account.unsupported.add(action)
-            logger.info(
-                f"memsum: {bot.self_id} cannot {action} ({type(err).__name__}); no backfill of that kind"
-            )
+    except Exception as err:  # ActionFailed (unknown action, a place it cannot read), NetworkError
+        _refused(bot, account, sid, action, err)
         return 0
+    account.answered.add(action)
     raw = data.get("messages") if isinstance(data, Mapping) else None
     payloads = [p for r in raw or [] if (p := as_event_payload(r, kind, bot.self_id, target)) is not None]
     recent = newest_after(payloads, last, count)
@@ -315,6 +337,25 @@ async def _backfill(bot: Bot, account: Account, sid: str, last: float) -> int:
             if asks:
                 account.asked.add(sid)
     return stored
+
+
+def _refused(bot: Bot, account: Account, sid: str, action: str, err: Exception) -> None:
+    """A history call failed: that session is skipped or, when the implementation lacks the
+    action (an unknown action, no answer at all, or PROBES places failed before any
+    answered), every session of its kind on this connection, with one INFO line."""
+    if action in account.unsupported:
+        return
+    retcode = err.info.get("retcode") if isinstance(err, ActionFailed) else None
+    if action not in account.answered:
+        tries = account.refused[action] = account.refused.get(action, 0) + 1
+        if retcode is None or str(retcode) == str(UNKNOWN_ACTION) or tries >= PROBES:
+            account.unsupported.add(action)
+            logger.info(
+                f"memsum: {bot.self_id} cannot {action} ({type(err).__name__}); no backfill of that kind"
+            )
+            return
+    account.skipped += 1
+    logger.debug(f"memsum: backfill of {sid} skipped: {action} failed ({type(err).__name__} {retcode})")
 
 
 async def _record_fetched(bot: Bot, event: MessageEvent) -> bool | None:

@@ -1,0 +1,119 @@
+"""Outside audit 5 (m): a bot owner whose machine crashes, reboots and runs hundreds of
+groups (issue 15). bot.py as a real process on its own SQLite file, the OneBot simulator
+over the reverse WebSocket (tests/fakes/onebot.py, which cites the implementations it
+imitates), the scripted model server: kills and stops at points the crash tests do not
+reach, the recovery switches turned off, reconnects, history actions that fail for some
+places, a database that cannot be written, and what the log keeps of all of it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nonebot_plugin_memsum.onebot.recovery import PROBES
+from tests.fakes.botproc import BotProcess
+from tests.fakes.e2e import SELF_ID, group_sid, query, until, wait_log
+from tests.fakes.llm_server import Reply, ScriptedLLM
+from tests.fakes.onebot import ActionFailedError, OneBotSim
+
+pytestmark = pytest.mark.e2e
+
+PERSONA = "你是审计群里的助手小记。"
+
+
+def is_chat(body: dict[str, Any]) -> bool:
+    return body["messages"][0]["content"] == PERSONA
+
+
+def env(llm: ScriptedLLM, **extra: str) -> dict[str, str]:
+    return {"MEMSUM_MODELS": json.dumps([llm.model_config("test/model")]), "MEMSUM_PERSONA": PERSONA, **extra}
+
+
+@pytest.fixture
+def answering(llm: ScriptedLLM) -> ScriptedLLM:
+    llm.reset()
+    llm.on_request(lambda b: Reply("好的") if is_chat(b) else None)
+    return llm
+
+
+async def said(bot: BotProcess, sid: str) -> list[str]:
+    rows = await query(bot.db_path, "SELECT content FROM messages WHERE session_id = ? ORDER BY id", sid)
+    return [str(r[0]) for r in rows]
+
+
+async def holds(bot: BotProcess, sid: str, n: int) -> bool:
+    return len(await said(bot, sid)) >= n
+
+
+async def connect(bot: BotProcess, sim: OneBotSim) -> None:
+    await sim.connect()
+    await wait_log(bot, f"Bot {SELF_ID} connected")
+
+
+def history_calls(sim: OneBotSim) -> list[int]:
+    return [int(c.params["group_id"]) for c in sim.calls if c.action == "get_group_msg_history"]
+
+
+# ---- the backfill: a history action that fails for some places --------------------------
+async def test_a_group_whose_history_cannot_be_read_does_not_stop_the_backfill_of_the_others(
+    tmp_path: Path, answering: ScriptedLLM
+) -> None:
+    # LLOneBot answers 「未找到消息」 for a place it holds no message of (the simulator's
+    # "llonebot" dialect cites its source): here two groups the bot was removed from while
+    # it was down. The oldest of them is the first fetched. One failure said the whole
+    # implementation lacked the action, and nothing said in any group was backfilled.
+    groups = [7101, 7102, 7103, 7104, 7105]
+    gone = {7101, 7103}
+    async with BotProcess(tmp_path / "bot", env=env(answering), log_level="INFO") as bot:
+        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+        sim.history_like("llonebot")
+        await connect(bot, sim)
+        for group in groups:  # oldest first: 7101 is fetched first
+            await sim.group_message(group, 20001, "早上好", nickname="甲")
+            await until(lambda group=group: holds(bot, group_sid(group), 1), "the group's message")
+        await sim.close()
+        for group in groups:
+            await sim.group_message(group, 20002, "机器人不在的时候说的", nickname="乙")
+        for group in gone:
+            del sim._places[("group", group)]
+        await connect(bot, sim)
+        log = await wait_log(bot, "memsum: backfill of 10000:")
+        assert "messages said while away stored in 5 sessions" in log
+        assert "2 could not be fetched" in log
+        assert "cannot get_group_msg_history" not in log
+        for group in groups:
+            expected = ["[甲(20001)] 早上好"]
+            if group not in gone:
+                expected.append("[乙(20002)] 机器人不在的时候说的")
+            assert await said(bot, group_sid(group)) == expected, group
+        assert sorted(history_calls(sim)) == groups  # each once
+        await sim.close()
+
+
+async def test_an_implementation_failing_every_history_call_gets_a_few_calls_and_one_line(
+    tmp_path: Path, answering: ScriptedLLM
+) -> None:
+    # NapCat answers retcode 1200 when an action throws (src/onebot/action/OneBotAction.ts
+    # `websocketHandle`); failing for every place is an implementation that cannot serve it.
+    groups = list(range(7201, 7211))
+    async with BotProcess(tmp_path / "bot", env=env(answering), log_level="INFO") as bot:
+        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+
+        def broken(params: dict[str, Any]) -> Any:
+            raise ActionFailedError(1200, "getMsgHistory error")
+
+        sim.responders["get_group_msg_history"] = broken
+        await connect(bot, sim)
+        for group in groups:
+            await sim.group_message(group, 20001, "在吗", nickname="甲")
+        await until(lambda: holds(bot, group_sid(groups[-1]), 1), "the messages")
+        await sim.close()
+        await connect(bot, sim)
+        log = await wait_log(bot, "memsum: backfill of 10000:")
+        assert log.count("cannot get_group_msg_history") == 1
+        assert len(history_calls(sim)) == PROBES  # not one per group
+        await sim.close()
