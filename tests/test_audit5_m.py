@@ -18,7 +18,7 @@ from nonebot_plugin_memsum.onebot.recovery import PROBES
 from tests.fakes.botproc import BotProcess
 from tests.fakes.e2e import SELF_ID, group_sid, query, until, wait_log
 from tests.fakes.llm_server import Reply, ScriptedLLM
-from tests.fakes.onebot import ActionFailedError, OneBotSim
+from tests.fakes.onebot import SEND_ACTIONS, ActionFailedError, OneBotSim, at, text
 
 pytestmark = pytest.mark.e2e
 
@@ -117,3 +117,61 @@ async def test_an_implementation_failing_every_history_call_gets_a_few_calls_and
         assert log.count("cannot get_group_msg_history") == 1
         assert len(history_calls(sim)) == PROBES  # not one per group
         await sim.close()
+
+
+# ---- a reconnect while the model thinks -------------------------------------------------
+def answers_to(sim: OneBotSim, message_id: int) -> list[Any]:
+    """Sends that quote `message_id` (a group answer quotes its question)."""
+    return [
+        c
+        for c in sim.calls
+        if c.action in SEND_ACTIONS
+        and any(
+            isinstance(seg, dict) and seg.get("type") == "reply" and str(seg["data"]["id"]) == str(message_id)
+            for seg in c.params.get("message") or []
+        )
+    ]
+
+
+async def closed_by_peer(bot: BotProcess, times: int) -> None:
+    async def seen() -> bool:
+        return bot.log().count("closed by peer") >= times
+
+    await until(seen, "the bot to see the connection go")
+
+
+async def test_an_answer_ready_while_the_implementation_reconnects_is_sent_once_it_is_back(
+    tmp_path: Path, llm: ScriptedLLM
+) -> None:
+    # NapCat (or QQ) restarting while the model thinks: the answer was stored and marked as
+    # being sent, its send failed with ApiNotAvailable, and the reconnect's resume rightly
+    # left the question alone (marked answered). The member never got an answer.
+    llm.reset()
+    group = 7301
+    sid = group_sid(group)
+    async with BotProcess(tmp_path / "bot", env=env(llm), log_level="INFO") as bot:
+        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+        await connect(bot, sim)
+        with llm.gate(Reply("想好了：周六。"), holds=is_chat) as gate:
+            question = await sim.group_message(group, 20001, [at(SELF_ID), text(" 哪天去？")], nickname="甲")
+            await gate.reached()
+            await sim.close()
+            await closed_by_peer(bot, 1)
+            gate.open()
+            await until(lambda: holds(bot, sid, 2), "the answer stored")
+        await connect(bot, sim)
+        await until(lambda: _true(answers_to(sim, question)), "the answer sent on the new connection")
+        await sim.group_message(group, 20002, "好的", nickname="乙")
+        await until(lambda: holds(bot, sid, 3), "a later message")
+        assert len(answers_to(sim, question)) == 1
+        assert await said(bot, sid) == [
+            "[甲(20001)] @小记(10000) 哪天去？",
+            "想好了：周六。",
+            "[乙(20002)] 好的",
+        ]
+        assert "could not send a reply" not in bot.log()
+        await sim.close()
+
+
+async def _true(value: object) -> bool:
+    return bool(value)

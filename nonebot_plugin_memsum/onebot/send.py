@@ -3,7 +3,13 @@ goes out as a merged-forward message where the implementation allows it."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from nonebot import get_bots
 from nonebot.adapters.onebot.v11 import Bot, GroupMessageEvent, MessageEvent, MessageSegment
+from nonebot.exception import ApiNotAvailable, WebSocketClosed
 from nonebot.log import logger
 
 from nonebot_plugin_memsum import runtime
@@ -14,6 +20,8 @@ from .record import record_of
 
 FORWARD_PART = 1500
 PLAIN_PART = 3000
+NOT_SENT = (ApiNotAvailable, WebSocketClosed)
+"""What a send raises when the account has no connection: nothing went out."""
 
 
 def replier(bot: Bot, event: MessageEvent) -> ReplyFn:
@@ -54,17 +62,18 @@ async def send_reply(bot: Bot, event: MessageEvent, text: str, *, quote: bool = 
             for part in split_text(text, FORWARD_PART)
         ]
         try:
-            return _sent_id(
-                await bot.call_api("send_group_forward_msg", group_id=event.group_id, messages=nodes)
+            sent = await _deliver(
+                bot, lambda b: b.call_api("send_group_forward_msg", group_id=event.group_id, messages=nodes)
             )
+            return _sent_id(sent)
+        except NOT_SENT:
+            raise
         except Exception as err:
             logger.info(f"memsum: merged-forward not available ({type(err).__name__}); sending plain text")
     first: str | None = None
     for i, part in enumerate(split_text(text, PLAIN_PART)):
-        if quote and i == 0:
-            sent = await bot.send(event, MessageSegment.reply(event.message_id) + part)
-        else:
-            sent = await bot.send(event, part)
+        message = MessageSegment.reply(event.message_id) + part if quote and i == 0 else part
+        sent = await _deliver(bot, lambda b, message=message: b.send(event, message))
         first = _sent_id(sent) if i == 0 else first
     return first
 
@@ -73,6 +82,36 @@ def _sent_id(result: object) -> str | None:
     """`message_id` of a send action's data (OneBot v11 `send_msg`), if the implementation gave one."""
     message_id = result.get("message_id") if isinstance(result, dict) else None
     return None if message_id in (None, "") else str(message_id)
+
+
+async def _deliver(bot: Bot, send: Callable[[Bot], Awaitable[Any]]) -> Any:
+    """One send, on the account's current connection. When it has none (the implementation
+    restarting while the model thought), once more as soon as it is back, within
+    MEMSUM_RESUME_WINDOW: the answer is stored and marked as being sent already, so the
+    reconnect's resume leaves its question alone and only this send can still deliver it."""
+    try:
+        return await send(_current(bot))
+    except NOT_SENT:
+        if not await _reconnected(bot, runtime.get().config.memsum_resume_window):
+            raise
+        return await send(_current(bot))
+
+
+def _current(bot: Bot) -> Bot:
+    found = get_bots().get(bot.self_id)
+    return found if isinstance(found, Bot) else bot
+
+
+async def _reconnected(bot: Bot, within: float) -> bool:
+    """Whether the account has a connection again within `within` seconds."""
+    connections = getattr(bot.adapter, "connections", {})
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while bot.self_id not in connections:
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(0.1)
+    return True
 
 
 def split_text(text: str, size: int) -> list[str]:
