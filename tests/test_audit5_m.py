@@ -9,13 +9,16 @@ places, a database that cannot be written, and what the log keeps of all of it.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from nonebot_plugin_memsum.onebot.recovery import PROBES
-from tests.fakes.botproc import BotProcess
+from tests.fakes.botproc import BotExitedError, BotProcess
 from tests.fakes.e2e import SELF_ID, group_sid, query, until, wait_log
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.onebot import SEND_ACTIONS, ActionFailedError, OneBotSim, at, text
@@ -175,3 +178,50 @@ async def test_an_answer_ready_while_the_implementation_reconnects_is_sent_once_
 
 async def _true(value: object) -> bool:
     return bool(value)
+
+
+# ---- a database the bot cannot use at start-up ------------------------------------------
+async def bot_with_history(tmp_path: Path, llm: ScriptedLLM) -> BotProcess:
+    """A bot folder whose database holds one group's message, the bot stopped."""
+    async with BotProcess(tmp_path / "bot", env=env(llm), log_level="INFO") as bot:
+        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+        await connect(bot, sim)
+        await sim.group_message(7401, 20001, "要保住的一句", nickname="甲")
+        await until(lambda: holds(bot, group_sid(7401), 1), "the message stored")
+        await sim.close()
+    return bot
+
+
+def rows_of(db: Path) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        return conn.execute("SELECT session_id, content FROM messages ORDER BY id").fetchall()
+
+
+def read_only_to(bot: BotProcess) -> None:
+    """The database's files become read-only to the bot (its folder stays writable)."""
+    for path in bot.db_path.parent.glob("memsum.db*"):
+        path.chmod(0o444)
+    if os.geteuid() == 0:  # root writes whatever the mode says, unless it drops these capabilities
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("running as root without util-linux setpriv")
+        bot.wrapper = (setpriv, "--bounding-set=-dac_override,-dac_read_search")
+
+
+async def test_a_database_file_the_bot_cannot_write_stops_start_up_with_one_line(
+    tmp_path: Path, answering: ScriptedLLM
+) -> None:
+    # A backup restored as another user, a file copied off a read-only mount: start-up went
+    # on, and every message then failed to store, one traceback each, all of them lost.
+    bot = await bot_with_history(tmp_path, answering)
+    before = rows_of(bot.db_path)
+    read_only_to(bot)
+    with pytest.raises(BotExitedError) as exited:
+        await bot.start()
+    log = exited.value.log
+    naming = [line for line in log.splitlines() if "MEMSUM_DB_PATH" in line]
+    assert len(naming) == 1, log
+    assert str(bot.db_path) in naming[0]
+    assert "cannot write" in naming[0]
+    assert exited.value.returncode != 0
+    assert rows_of(bot.db_path) == before

@@ -213,8 +213,9 @@ class SqliteDb(Db):
         """Writes since the last checkpoint (CHECKPOINT_EVERY)."""
 
     @classmethod
-    async def connect(cls, path: Path) -> SqliteDb:
-        """Open the file, set the pragmas, migrate; StoreError naming the file when it cannot."""
+    async def connect(cls, path: Path, *, writes: bool = True) -> SqliteDb:
+        """Open the file, set the pragmas, migrate; StoreError naming the file when it cannot
+        (`writes`: also when it cannot be written; the migration tool only reads it)."""
         try:
             # Used from the event loop's thread too (`_write`), never at the same time as
             # from aiosqlite's.
@@ -228,12 +229,22 @@ class SqliteDb(Db):
             # After the version check, so a refused file is left as found. WAL lets
             # readers in other processes (a backup, the sqlite3 shell) run beside us.
             await db.execute_fetchall("PRAGMA journal_mode = WAL")
+            # A file the bot may read but not write opens without complaint, and then every
+            # message failed to store with a traceback: refused here with one line instead.
+            if writes:
+                [(version,)] = await db.execute_fetchall("PRAGMA user_version")
+                await db.execute_fetchall(f"PRAGMA user_version = {int(version)}")
         except BaseException as err:
             await db.close()
             if isinstance(err, SchemaTooNewError):
                 raise StoreError(
                     f"{path} was written by a newer nonebot-plugin-memsum (schema version"
                     f" {err.found}, this version knows {err.known}); upgrade the plugin"
+                ) from err
+            if isinstance(err, sqlite3.Error) and err.sqlite_errorcode & 0xFF == sqlite3.SQLITE_READONLY:
+                raise StoreError(
+                    f"cannot write {path} ({err}): the bot needs to write the file, its -wal and"
+                    " -shm files and its folder"
                 ) from err
             if isinstance(err, sqlite3.Error):
                 raise StoreError(f"cannot open {path}: {err}") from err

@@ -339,7 +339,7 @@ async def migrate(
     verify; StoreError when either cannot be opened, MigrateError when the target holds
     another memory. The report says per table what was copied and whether it verified."""
     say = progress or (lambda _: None)
-    source = await SqliteDb.connect(source_path)
+    source = await SqliteDb.connect(source_path, writes=False)  # a read-only backup will do
     try:
         target = await PostgresDb.connect(target_url)
         try:

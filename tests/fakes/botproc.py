@@ -18,7 +18,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Self
 
@@ -96,6 +96,10 @@ class BotProcess:
             base["ONEBOT_ACCESS_TOKEN"] = access_token
         self.env: dict[str, str] = {**base, **(env or {})}
         """What `.env` will hold; change it before `start` or `restart`."""
+        self.wrapper: tuple[str, ...] = ()
+        """A command bot.py runs under (`setpriv …`), set before `start`."""
+        self.preexec: Callable[[], None] | None = None
+        """Run in the child before bot.py starts (resource limits), set before `start`."""
         self.returncode: int | None = None
         self._proc: asyncio.subprocess.Process | None = None
         self._log_file: IO[bytes] | None = None
@@ -141,6 +145,7 @@ class BotProcess:
         self._log_start = self._log_file.tell()
         self.returncode = None
         self._proc = await asyncio.create_subprocess_exec(
+            *self.wrapper,
             sys.executable,
             str(BOT_PY),
             cwd=self.workdir,
@@ -148,6 +153,7 @@ class BotProcess:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=self._log_file,
             stderr=asyncio.subprocess.STDOUT,
+            preexec_fn=self.preexec,
         )
         _live[self._proc.pid] = self._proc
 
