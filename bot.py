@@ -76,8 +76,16 @@ for _module in (
     _module.type_validate_python = _type_validate_python  # type: ignore[attr-defined]
 
 
+def _log_filter(record: Any) -> bool:
+    # The plugin refused to start and said why in one line (a database it cannot use):
+    # uvicorn's copy of the stack down to that refusal tells an owner nothing more.
+    if record["name"].startswith("uvicorn") and record["message"].rstrip().endswith("StartUpRefused: 2"):
+        return False
+    return default_filter(record)
+
+
 def _log_to_stdout(level: int | str) -> int:
-    return logger.add(sys.stdout, level=level, diagnose=False, filter=default_filter, format=default_format)
+    return logger.add(sys.stdout, level=level, diagnose=False, filter=_log_filter, format=default_format)
 
 
 logger.remove(logger_id)

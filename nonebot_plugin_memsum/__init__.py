@@ -21,6 +21,12 @@ __plugin_meta__ = PluginMetadata(
 )
 
 
+class StartUpRefused(SystemExit):
+    """Start-up stopped after one CRITICAL line saying why (R-CFG-1): a SystemExit, which
+    NoneBot's `load_plugin` does not swallow. Raised in the start-up hook, uvicorn logs the
+    stack under that line; bot.py leaves it out by this name."""
+
+
 def _run_as_tool() -> bool:
     """`python -m nonebot_plugin_memsum.migrate`: Python imports this package before the
     tool, with no NoneBot initialised (argv[0] is "-m" while it looks for the module); the
@@ -43,7 +49,7 @@ if not _run_as_tool():
         # R-CFG-1: a bad value stops start-up; load_plugin would swallow an Exception and
         # run on without us, so leave with SystemExit (a BaseException).
         logger.opt(colors=False).critical(f"nonebot-plugin-memsum: {err}")
-        raise SystemExit(2) from None
+        raise StartUpRefused(2) from None
 
     for line in unknown_keys(raw_config):
         logger.warning(f"nonebot-plugin-memsum: {line}")
@@ -68,7 +74,7 @@ if not _run_as_tool():
             # R-CFG-1: a database that cannot be opened stops start-up with one line naming the key.
             key = "MEMSUM_DB_URL" if plugin_config.memsum_db_url.get_secret_value() else "MEMSUM_DB_PATH"
             logger.opt(colors=False).critical(f"nonebot-plugin-memsum: {key}: {err}")
-            raise SystemExit(2) from None
+            raise StartUpRefused(2) from None
 
     @_driver.on_shutdown
     async def _stop() -> None:

@@ -223,5 +223,35 @@ async def test_a_database_file_the_bot_cannot_write_stops_start_up_with_one_line
     assert len(naming) == 1, log
     assert str(bot.db_path) in naming[0]
     assert "cannot write" in naming[0]
+    assert "Traceback" not in log
     assert exited.value.returncode != 0
     assert rows_of(bot.db_path) == before
+
+
+@pytest.mark.parametrize("damage", ["newer_schema", "not_a_database"])
+async def test_a_database_the_bot_cannot_use_stops_start_up_with_one_line_and_no_stack(
+    tmp_path: Path, answering: ScriptedLLM, damage: str
+) -> None:
+    # The line named the file, then uvicorn printed the whole stack down to the exit, which
+    # reads as a crash. A newer version's file (a downgrade) is left as it was found.
+    bot = await bot_with_history(tmp_path, answering)
+    before = rows_of(bot.db_path)
+    if damage == "newer_schema":
+        with sqlite3.connect(bot.db_path) as conn:
+            conn.execute("PRAGMA user_version = 999")
+        conn.close()
+    else:  # something else restored in its place (a download's error page)
+        for path in bot.db_path.parent.glob("memsum.db-*"):
+            path.unlink()
+        bot.db_path.write_bytes(b"<html><body>404 Not Found</body></html>\n" * 200)
+    with pytest.raises(BotExitedError) as exited:
+        await bot.start()
+    log = exited.value.log
+    naming = [line for line in log.splitlines() if "MEMSUM_DB_PATH" in line]
+    assert len(naming) == 1, log
+    assert str(bot.db_path) in naming[0]
+    assert "Traceback" not in log
+    assert exited.value.returncode != 0
+    if damage == "newer_schema":
+        assert "newer" in naming[0]
+        assert rows_of(bot.db_path) == before
