@@ -23,7 +23,7 @@ from .agent.turn import Agent
 from .compression.service import CompressionService
 from .config import Config
 from .controls import Controls
-from .errors import NotStarted
+from .errors import NotStarted, StoreError
 from .llm import LLMClient, Registry
 from .llm.tokens import aload_encoding, encoding_name, estimate_text_tokens
 from .onebot.state import OneBotState
@@ -177,6 +177,10 @@ async def keep_search_index(store: Store, batch: int = 2000, idle: float = 1.0, 
             at = await store.index_search(batch)
         except asyncio.CancelledError:
             raise
+        except StoreError as err:  # a full disk: one line a minute, not a stack trace
+            logger.error(f"memsum: indexing messages for search failed ({err}); retrying in a minute")
+            await asyncio.sleep(60)
+            continue
         except Exception:
             logger.exception("memsum: indexing messages for search failed; retrying in a minute")
             await asyncio.sleep(60)

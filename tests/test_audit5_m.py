@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import sqlite3
 from pathlib import Path
@@ -255,3 +256,50 @@ async def test_a_database_the_bot_cannot_use_stops_start_up_with_one_line_and_no
     if damage == "newer_schema":
         assert "newer" in naming[0]
         assert rows_of(bot.db_path) == before
+
+
+# ---- a full disk while the bot runs -------------------------------------------------------
+async def test_a_full_disk_is_one_error_line_and_messages_are_stored_again_once_there_is_room(
+    tmp_path: Path, answering: ScriptedLLM
+) -> None:
+    # The disk filled while a group pasted long texts. Every message then failed with a
+    # stack trace of its own (58 for 28 messages; at a hundred messages a second that log
+    # fills the disk further). RLIMIT_FSIZE stands in for the full disk: a write past it
+    # fails as one past the end of a full disk does (SQLite: disk I/O error).
+    group = 7501
+    sid = group_sid(group)
+    bot = BotProcess(tmp_path / "bot", env=env(answering), log_level="INFO")
+    limit = 2 << 20
+    bot.preexec = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+    await bot.start()
+    try:
+        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+        await connect(bot, sim)
+        pastes = 30
+        for i in range(pastes):  # ~300 KB each in UTF-8: the file reaches the limit within a few
+            await sim.group_message(group, 20001, f"第{i}段粘贴" + "长文" * 50_000, nickname="甲")
+        await wait_log(bot, "memsum: cannot store messages in the database")
+        assert bot._proc is not None
+        resource.prlimit(
+            bot._proc.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+        )
+        await sim.group_message(group, 20002, "磁盘清出来了", nickname="乙")
+        await until(
+            lambda: _last_is(bot, sid, "[乙(20002)] 磁盘清出来了"), "the message after the disk has room"
+        )
+        stored = len(await said(bot, sid)) - 1
+        assert 0 < stored < pastes
+        log = await wait_log(bot, "memsum: messages are stored again")
+        assert log.count("cannot store messages") == 1  # once a minute
+        assert str(bot.db_path) in log
+        assert f"messages are stored again; {pastes - stored} were not" in log
+        assert "Traceback" not in log
+        assert "长文" not in log
+        await sim.close()
+    finally:
+        await bot.stop()
+
+
+async def _last_is(bot: BotProcess, sid: str, content: str) -> bool:
+    stored = await said(bot, sid)
+    return bool(stored) and stored[-1] == content

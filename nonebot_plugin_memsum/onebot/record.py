@@ -8,6 +8,7 @@ from the implementation's payload and passes it here).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -15,6 +16,7 @@ from nonebot.adapters.onebot.v11 import Bot, GroupMessageEvent, MessageEvent, No
 from nonebot.log import logger
 
 from nonebot_plugin_memsum import clock, runtime
+from nonebot_plugin_memsum.errors import StoreError
 from nonebot_plugin_memsum.types import Message, SessionRecord
 
 from . import names, recovery
@@ -54,7 +56,8 @@ async def record_message(
 
     `addressed`: it asks the bot (a crash before the answer leaves it for the next start);
     `said_at`: the platform's time of a fetched message. None when the message (same
-    platform id) is stored already: fetched and then received live, or the other way round.
+    platform id) is stored already: fetched and then received live, or the other way round;
+    also when the store refused it (a full disk), said in the log once a minute.
     """
     rt = runtime.get()
     record, group_id = record_of(bot, event)
@@ -69,7 +72,19 @@ async def record_message(
         # FIFO: a name look-up must not let a later message overtake.
         async with rt.onebot.recording.hold(record.id):
             msg = await message_of(bot, event, record.id, group_id, addressed=addressed, said_at=said_at)
-            return record, await rt.agent.record_once(record, msg)
+            try:
+                stored = await rt.agent.record_once(record, msg)
+            except StoreError as err:
+                refusals = rt.onebot.refusals
+                if refusals.refused(time.monotonic()):
+                    logger.error(
+                        f"memsum: cannot store messages in the database {rt.store}: {err};"
+                        f" {refusals.total} not stored so far"
+                    )
+                return record, None
+            if rt.onebot.refusals.total:
+                logger.warning(f"memsum: messages are stored again; {rt.onebot.refusals.stored()} were not")
+            return record, stored
     finally:
         if arrival is not None:
             rt.onebot.arrivals.done(arrival)

@@ -132,6 +132,35 @@ class Arrivals:
         return len(self._open)
 
 
+# ---- messages the store refused ---------------------------------------------------------
+REFUSALS_EVERY = 60.0
+"""Seconds between two lines about messages the store keeps refusing."""
+
+
+@dataclass
+class Refusals:
+    """Messages the store refused while it could not write (a full disk): what to tell the
+    operator, so a hundred messages a second make one line a minute, not a stack trace each."""
+
+    total: int = 0
+    """Refused since the last message that was stored."""
+    told: float | None = None
+    """When the last line was logged (a monotonic time)."""
+
+    def refused(self, now: float) -> bool:
+        """One more message refused: whether to say so now (the first, then once a minute)."""
+        self.total += 1
+        if self.told is None or now - self.told >= REFUSALS_EVERY:
+            self.told = now
+            return True
+        return False
+
+    def stored(self) -> int:
+        """A message was stored: how many were refused before it; the count starts over."""
+        refused, self.total, self.told = self.total, 0, None
+        return refused
+
+
 @dataclass
 class OneBotState:
     """Everything the OneBot layer keeps between events; the runtime owns one."""
@@ -141,3 +170,4 @@ class OneBotState:
     recording: KeyedLocks = field(default_factory=KeyedLocks)
     accounts: dict[str, Any] = field(default_factory=dict)
     """Per connected account, its backfill on connect (recovery.Account)."""
+    refusals: Refusals = field(default_factory=Refusals)
