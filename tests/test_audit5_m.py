@@ -8,6 +8,7 @@ places, a database that cannot be written, and what the log keeps of all of it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import resource
@@ -303,3 +304,291 @@ async def test_a_full_disk_is_one_error_line_and_messages_are_stored_again_once_
 async def _last_is(bot: BotProcess, sid: str, content: str) -> bool:
     stored = await said(bot, sid)
     return bool(stored) and stored[-1] == content
+
+
+# ---- the recovery switches turned off -----------------------------------------------------
+@pytest.mark.parametrize("off", ["MEMSUM_RESUME_WINDOW", "MEMSUM_BACKFILL_COUNT"])
+async def test_a_recovery_switch_at_0_is_off_and_leaves_the_other_one_on(
+    tmp_path: Path, llm: ScriptedLLM, off: str
+) -> None:
+    # A question the kill interrupted (the model still thinking) and one said while the bot
+    # was down. RESUME_WINDOW=0: both are backfilled, neither answered, a live one is.
+    # BACKFILL_COUNT=0: no history call at all, nothing said while down stored, and the
+    # interrupted question is still answered, once.
+    llm.reset()
+    group = 7601
+    sid = group_sid(group)
+    async with BotProcess(tmp_path / "bot", env=env(llm, **{off: "0"}), log_level="INFO") as bot:
+        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+        await connect(bot, sim)
+        with llm.gate(Reply("来不及说的回答"), holds=is_chat) as gate:
+            cut = await sim.group_message(group, 20001, [at(SELF_ID), text(" 第一个问题")], nickname="甲")
+            await gate.reached()
+            await bot.kill()
+        llm.reset()
+        llm.on_request(lambda b: Reply("好的") if is_chat(b) else None)
+        await sim.disconnected.wait()
+        down = await sim.group_message(group, 20002, [at(SELF_ID), text(" 挂着的时候问")], nickname="乙")
+        await bot.start()
+        await connect(bot, sim)
+        live = await sim.group_message(group, 20003, [at(SELF_ID), text(" 现在问")], nickname="丙")
+        await until(lambda: _true(answers_to(sim, live)), "the live question answered")
+        stored = await said(bot, sid)
+        if off == "MEMSUM_RESUME_WINDOW":
+            assert stored[:3] == [
+                "[甲(20001)] @小记(10000) 第一个问题",
+                "[乙(20002)] @小记(10000) 挂着的时候问",
+                "[丙(20003)] @小记(10000) 现在问",
+            ]
+            assert answers_to(sim, cut) == []
+            assert "had questions left unanswered" not in bot.log()
+        else:
+            assert history_calls(sim) == []
+            assert "[乙(20002)] @小记(10000) 挂着的时候问" not in stored
+            assert len(answers_to(sim, cut)) == 1
+        assert answers_to(sim, down) == []
+        assert len(answers_to(sim, live)) == 1
+        await sim.close()
+
+
+async def test_a_question_said_while_down_is_answered_once_only_within_the_resume_window(
+    tmp_path: Path, answering: ScriptedLLM
+) -> None:
+    # The bot was down for a quarter of an hour: a question asked ten minutes ago is left
+    # alone (MEMSUM_RESUME_WINDOW 300 s), one asked a minute ago is answered, once, and not
+    # again on the next reconnect. Both are recorded.
+    old_group, new_group = 7701, 7702
+    bot = BotProcess(tmp_path / "bot", env=env(answering), log_level="INFO")
+    await bot.start()
+    try:
+        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+        await connect(bot, sim)
+        for group in (old_group, new_group):
+            await sim.group_message(group, 20001, "大家好", nickname="甲")
+            await until(lambda group=group: holds(bot, group_sid(group), 1), "the first message")
+        await bot.kill()
+        await sim.disconnected.wait()
+        with sqlite3.connect(bot.db_path) as conn:  # what the bot stored was said 15 minutes ago
+            conn.execute("UPDATE messages SET ts = ts - 900")
+            conn.execute("UPDATE message_counts SET newest_ts = newest_ts - 900")
+        conn.close()
+        old = await sim.group_message(old_group, 20002, [at(SELF_ID), text(" 十分钟前问的")], nickname="乙")
+        new = await sim.group_message(new_group, 20002, [at(SELF_ID), text(" 一分钟前问的")], nickname="乙")
+        sim.messages[old].time -= 600
+        sim.messages[new].time -= 60
+        await bot.start()
+        await connect(bot, sim)
+        await until(lambda: _true(answers_to(sim, new)), "the recent question answered")
+        await wait_log(bot, "memsum: backfill of 10000:")
+        assert await said(bot, group_sid(old_group)) == [
+            "[甲(20001)] 大家好",
+            "[乙(20002)] @小记(10000) 十分钟前问的",
+        ]
+        await sim.close()
+        await connect(bot, sim)
+        await sim.group_message(new_group, 20003, "谢谢", nickname="丙")
+        await until(lambda: _last_is(bot, group_sid(new_group), "[丙(20003)] 谢谢"), "a later message")
+        assert answers_to(sim, old) == []
+        assert len(answers_to(sim, new)) == 1
+        await sim.close()
+    finally:
+        await bot.stop()
+
+
+# ---- reconnects ------------------------------------------------------------------------------
+async def test_two_reconnects_during_the_backfill_store_nothing_twice_and_answer_once(
+    tmp_path: Path, answering: ScriptedLLM
+) -> None:
+    # The implementation drops the connection while the bot's first history call is still
+    # unanswered, comes back, drops it again at once and comes back for good: the late answer
+    # to the first call goes nowhere, and what was said meanwhile is stored once, in order.
+    group = 7801
+    sid = group_sid(group)
+    async with BotProcess(tmp_path / "bot", env=env(answering), log_level="INFO") as bot:
+        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+        await connect(bot, sim)
+        await sim.group_message(group, 20001, "早上好", nickname="甲")
+        await until(lambda: holds(bot, sid, 1), "the first message")
+        await sim.close()
+        await sim.group_message(group, 20002, "机器人不在的时候说的", nickname="乙")
+        question = await sim.group_message(group, 20003, [at(SELF_ID), text(" 还在吗")], nickname="丙")
+        history = sim.responders["get_group_msg_history"]
+        release = asyncio.Event()
+
+        async def late(params: dict[str, Any]) -> Any:
+            await release.wait()
+            return history(params)
+
+        sim.responders["get_group_msg_history"] = late
+        await connect(bot, sim)
+        await sim.wait_call("get_group_msg_history")
+        await sim.close()
+        await closed_by_peer(bot, 2)
+        release.set()
+        sim.responders["get_group_msg_history"] = history
+        await connect(bot, sim)
+        await sim.close()
+        await connect(bot, sim)
+        await until(lambda: _true(answers_to(sim, question)), "the question answered")
+        await sim.group_message(group, 20001, "重连之后", nickname="甲")
+        await until(lambda: _last_is(bot, sid, "[甲(20001)] 重连之后"), "the live message")
+        assert await said(bot, sid) == [
+            "[甲(20001)] 早上好",
+            "[乙(20002)] 机器人不在的时候说的",
+            "[丙(20003)] @小记(10000) 还在吗",
+            "好的",
+            "[甲(20001)] 重连之后",
+        ]
+        assert len(answers_to(sim, question)) == 1
+        await sim.close()
+
+
+# ---- SIGKILL and SIGTERM at points the crash tests do not reach -----------------------------
+async def test_a_kill_between_the_parts_of_a_long_answer_sends_none_of_it_again(
+    tmp_path: Path, answering: ScriptedLLM
+) -> None:
+    # A long answer goes out as plain parts when merged-forward is refused (send.py). Killed
+    # after its first part: marked as being sent before the first, it is never sent again,
+    # stored once, and the start-up says a reply was cut.
+    answering.reset()
+    long = "很长的回答。" * 1200  # 7,200 characters: three plain parts
+    answering.on_request(lambda b: Reply(long, chunk_chars=600) if is_chat(b) else None)
+    group = 7901
+    sid = group_sid(group)
+    bot = BotProcess(tmp_path / "bot", env=env(answering), log_level="INFO")
+    await bot.start()
+    try:
+        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+        del sim.responders["send_group_forward_msg"]  # answered with retcode 1404
+        send = sim.responders["send_msg"]
+        second = asyncio.Event()
+
+        async def stuck_after_the_first(params: dict[str, Any]) -> Any:
+            if sum(c.action == "send_msg" for c in sim.calls) >= 2:
+                second.set()
+                await asyncio.Event().wait()  # the bot dies before this is answered
+            return send(params)
+
+        sim.responders["send_msg"] = stuck_after_the_first
+        await connect(bot, sim)
+        question = await sim.group_message(group, 20001, [at(SELF_ID), text(" 讲个长故事")], nickname="甲")
+        await asyncio.wait_for(second.wait(), 20)
+        await bot.kill()
+        await sim.disconnected.wait()
+        sim.responders["send_msg"] = send
+        mark = len(sim.calls)
+        await bot.start()
+        await connect(bot, sim)
+        await sim.group_message(group, 20002, "然后呢", nickname="乙")
+        await until(lambda: _last_is(bot, sid, "[乙(20002)] 然后呢"), "a later message")
+        assert await said(bot, sid) == ["[甲(20001)] @小记(10000) 讲个长故事", long, "[乙(20002)] 然后呢"]
+        assert [c for c in sim.calls[mark:] if c.action in SEND_ACTIONS] == []
+        assert len(answers_to(sim, question)) == 1  # the first part, before the kill
+        assert "1 replies were being sent when the last run stopped" in bot.log()
+        await sim.close()
+    finally:
+        await bot.stop()
+
+
+SUMMARY = "【保留原文】无\n## 最近在聊什么\n闲聊\n## 谁有问题没回应\n无\n## 关键原话要点\n无"
+
+
+def is_summary(body: dict[str, Any]) -> bool:
+    return not is_chat(body)
+
+
+@pytest.mark.parametrize("stop", ["SIGKILL", "SIGTERM"])
+async def test_a_compression_stopped_in_flight_runs_again_at_the_next_start_by_itself(
+    tmp_path: Path, llm: ScriptedLLM, stop: str
+) -> None:
+    # The count line (4) is crossed by the turn; the summariser is still thinking when the bot
+    # is stopped. SIGTERM cancels it at once (the turn has already answered); either way the
+    # next start runs it without waiting for the group to speak again, and writes it once.
+    llm.reset()
+    llm.on_request(lambda b: Reply("好的") if is_chat(b) else None)
+    group = 8001
+    sid = group_sid(group)
+    bot = BotProcess(tmp_path / "bot", env=env(llm, MEMSUM_HISTORY_LIMIT="4"), log_level="INFO")
+    await bot.start()
+    try:
+        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+        await connect(bot, sim)
+        with llm.gate(Reply(SUMMARY), holds=is_summary) as gate:
+            for i in range(4):
+                await sim.group_message(group, 20001, f"第{i}句闲聊", nickname="甲")
+            await sim.group_message(group, 20002, [at(SELF_ID), text(" 大家在聊什么")], nickname="乙")
+            await gate.reached()
+            if stop == "SIGKILL":
+                await bot.kill()
+            else:
+                await bot.terminate(15)
+                assert "memsum: compression of" in bot.log()  # cancelled, said once
+        assert await query(bot.db_path, "SELECT key FROM metadata WHERE namespace = 'summary'") == []
+        assert await query(bot.db_path, "SELECT archived FROM messages WHERE archived = 1") == []
+        await sim.disconnected.wait()
+        llm.on_request(lambda b: Reply(SUMMARY) if is_summary(b) else None)
+        await bot.start()  # no OneBot connection, no message: start-up alone resumes it
+
+        async def summarised() -> bool:
+            return bool(await query(bot.db_path, "SELECT 1 FROM metadata WHERE namespace = 'summary'"))
+
+        await until(summarised, "the resumed compression")
+        log = await wait_log(bot, f"memsum: compression {sid} done")
+        assert "1 interrupted compressions queued again" in log
+        assert log.count(f"memsum: compression {sid} done") == 1
+        assert "Traceback" not in bot.log(all_runs=True)
+        archived = await query(bot.db_path, "SELECT COUNT(*) FROM messages WHERE archived = 1")
+        assert archived == [(6,)]  # the five said and the answer
+    finally:
+        await bot.stop()
+
+
+async def test_a_kill_in_the_middle_of_a_backfill_stores_the_rest_once_in_order_at_the_next_start(
+    tmp_path: Path, answering: ScriptedLLM
+) -> None:
+    # The backfill stores what it fetched one message at a time; a reply among them waits for
+    # `get_msg` (its quote). Killed there: the next connection fetches the same history again,
+    # skips what is stored and stores the rest after it, once each.
+    group = 8101
+    sid = group_sid(group)
+    bot = BotProcess(tmp_path / "bot", env=env(answering), log_level="INFO")
+    await bot.start()
+    try:
+        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+        await connect(bot, sim)
+        first = await sim.group_message(group, 20001, "早上好", nickname="甲")
+        await until(lambda: holds(bot, sid, 1), "the first message")
+        await sim.close()
+        await sim.group_message(group, 20002, "一", nickname="乙")
+        await sim.group_message(group, 20002, "二", nickname="乙")
+        quoting = await sim.group_message(
+            group, 20003, [{"type": "reply", "data": {"id": str(first)}}, text("同意")], nickname="丙"
+        )
+        await sim.group_message(group, 20002, "三", nickname="乙")
+        get_msg = sim.responders["get_msg"]
+        asked = asyncio.Event()
+
+        async def never(params: dict[str, Any]) -> Any:
+            asked.set()
+            await asyncio.Event().wait()
+
+        sim.responders["get_msg"] = never
+        await connect(bot, sim)
+        await asyncio.wait_for(asked.wait(), 20)
+        await bot.kill()
+        assert await said(bot, sid) == ["[甲(20001)] 早上好", "[乙(20002)] 一", "[乙(20002)] 二"]
+        await sim.disconnected.wait()
+        sim.responders["get_msg"] = get_msg
+        await bot.start()
+        await connect(bot, sim)
+        await wait_log(bot, "memsum: backfill of 10000: 2 messages said while away stored in 1 sessions")
+        assert await said(bot, sid) == [
+            "[甲(20001)] 早上好",
+            "[乙(20002)] 一",
+            "[乙(20002)] 二",
+            "[丙(20003)] [回复 甲(20001)：早上好] 同意",
+            "[乙(20002)] 三",
+        ], quoting
+        await sim.close()
+    finally:
+        await bot.stop()
