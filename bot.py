@@ -51,9 +51,29 @@ def _no_event_line(self: OneBotV11Event) -> str:
     raise NoLogException  # NoneBot then skips the event's line and its DEBUG lines
 
 
+_adapter_log = nonebot.adapters.onebot.v11.adapter.log  # pyright: ignore[reportPrivateImportUsage]
+
+
+def _adapter_log_without_payloads(level: str, message: str, exception: Exception | None = None) -> None:
+    """The adapter's log, except that an event it cannot parse at all (a `time` that is no
+    number, from a buggy implementation) is not logged with its whole payload at ERROR:
+    the message's text would outlive /清除 in the log. What failed is named instead."""
+    if "Failed to parse event. Raw:" not in message:
+        _adapter_log(level, message, exception)
+        return
+    try:
+        fields = ", ".join(sorted({".".join(map(str, e["loc"])) for e in exception.errors()}))  # type: ignore[union-attr]
+    except Exception:
+        fields = "?"
+    _adapter_log(
+        level, f"Failed to parse an event ({type(exception).__name__}: {fields}); its payload is not logged"
+    )
+
+
 def _quiet_per_event_lines() -> None:
     nonebot.message.logger = nonebot.internal.matcher.matcher.logger = _PerEventLines()  # type: ignore[assignment]
     OneBotV11Event.get_log_string = _no_event_line  # the line's text is built before it is logged
+    nonebot.adapters.onebot.v11.adapter.log = _adapter_log_without_payloads  # pyright: ignore[reportPrivateImportUsage]
 
 
 # NoneBot validates every segment of every message through a TypeAdapter it builds anew

@@ -592,3 +592,40 @@ async def test_a_kill_in_the_middle_of_a_backfill_stores_the_rest_once_in_order_
         await sim.close()
     finally:
         await bot.stop()
+
+
+# ---- the log ----------------------------------------------------------------------------------
+async def test_an_event_the_adapter_cannot_parse_is_logged_without_its_text(
+    tmp_path: Path, answering: ScriptedLLM
+) -> None:
+    # An event that fails even the adapter's base model (a `time` that is no whole number of
+    # seconds, a `self_id` that is no number) was logged at ERROR with its whole payload, the
+    # message's text included: it outlived /清除 in the log. Later messages go on as before.
+    group = 8201
+    sid = group_sid(group)
+    async with BotProcess(tmp_path / "bot", env=env(answering), log_level="INFO") as bot:
+        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+        await connect(bot, sim)
+        event = {
+            "time": 1,
+            "self_id": SELF_ID,
+            "post_type": "message",
+            "message_type": "group",
+            "sub_type": "normal",
+            "message_id": 5,
+            "group_id": group,
+            "user_id": 20001,
+            "message": [{"type": "text", "data": {"text": "群里的秘密"}}],
+            "raw_message": "群里的秘密",
+            "font": 0,
+            "sender": {"user_id": 20001, "nickname": "甲"},
+        }
+        for broken in ({"time": 1733300000123.5}, {"time": "12:00"}, {"self_id": "bot"}):
+            await sim.send_raw({**event, **broken})
+        await sim.group_message(group, 20002, "后面的话", nickname="乙")
+        await until(lambda: _last_is(bot, sid, "[乙(20002)] 后面的话"), "the well-formed message")
+        log = bot.log()
+        assert log.count("Failed to parse an event") == 3
+        assert "群里的秘密" not in log
+        assert "后面的话" not in log
+        await sim.close()

@@ -345,6 +345,12 @@ class OneBotSim:
             self._remember(payload)  # so `get_msg` finds it, as the implementations do
         await self._ws.send(json.dumps(payload, ensure_ascii=False))
 
+    async def send_raw(self, payload: Mapping[str, Any]) -> None:
+        """Push a payload exactly as given, however malformed (a buggy implementation's)."""
+        if self._ws is None:
+            raise RuntimeError("not connected")
+        await self._ws.send(json.dumps(payload, ensure_ascii=False))
+
     def _remember(self, payload: Mapping[str, Any]) -> None:
         mid = int(payload["message_id"])
         if mid not in self.messages:
