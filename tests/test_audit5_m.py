@@ -351,6 +351,50 @@ async def test_a_recovery_switch_at_0_is_off_and_leaves_the_other_one_on(
         await sim.close()
 
 
+@pytest.mark.parametrize("window", ["0", "300"])
+async def test_a_question_said_as_the_bot_reconnects_and_fetched_by_the_backfill_is_answered_once(
+    tmp_path: Path, answering: ScriptedLLM, window: str
+) -> None:
+    # Said just after the reconnect, a question reaches the bot live and in the history the
+    # backfill fetches; whichever stores it, the other finds it stored. With the resume
+    # window on, the backfill's resume answers it. With MEMSUM_RESUME_WINDOW=0 nothing did:
+    # the backfill answers nothing and the live event took it for answered from there.
+    group = 7651
+    sid = group_sid(group)
+    async with BotProcess(
+        tmp_path / "bot", env=env(answering, MEMSUM_RESUME_WINDOW=window), log_level="INFO"
+    ) as bot:
+        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+        await connect(bot, sim)
+        await sim.group_message(group, 20001, "早上好", nickname="甲")
+        await until(lambda: holds(bot, sid, 1), "the first message")
+        await sim.close()
+        history = sim.responders["get_group_msg_history"]
+        asked = asyncio.Event()
+
+        async def after_the_question(params: dict[str, Any]) -> Any:
+            await asked.wait()  # the fetch sees the live question
+            return history(params)
+
+        sim.responders["get_group_msg_history"] = after_the_question
+        await connect(bot, sim)
+        await sim.wait_call("get_group_msg_history")
+        question = await sim.group_message(group, 20002, [at(SELF_ID), text(" 刚连上就问")], nickname="乙")
+        asked.set()
+        await until(lambda: _true(answers_to(sim, question)), "the question answered")
+        await wait_log(bot, "memsum: backfill of 10000: 1 messages said while away stored")
+        await sim.group_message(group, 20003, "谢谢", nickname="丙")
+        await until(lambda: _last_is(bot, sid, "[丙(20003)] 谢谢"), "a later message")
+        assert len(answers_to(sim, question)) == 1
+        assert await said(bot, sid) == [
+            "[甲(20001)] 早上好",
+            "[乙(20002)] @小记(10000) 刚连上就问",
+            "好的",
+            "[丙(20003)] 谢谢",
+        ]
+        await sim.close()
+
+
 async def test_a_question_said_while_down_is_answered_once_only_within_the_resume_window(
     tmp_path: Path, answering: ScriptedLLM
 ) -> None:

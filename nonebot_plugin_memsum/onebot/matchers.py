@@ -141,7 +141,11 @@ def register_matchers(priority: int, is_command: Callable[[T_State], bool], comm
             bot, event, runtime.get().onebot.arrivals.of(event), addressed=asks
         )
         if msg is None:
-            return  # fetched on connect already, and answered from there
+            # Fetched on connect already and answered from there; with MEMSUM_RESUME_WINDOW 0
+            # nothing answers on connect, and a question said as the bot connected is answered here.
+            if asks and (trigger := recovery.fetched_question(bot, record.id, event.message_id)) is not None:
+                await answer_if_allowed(bot, event, record, trigger)
+            return
         if mode == "record":
             logger.debug(f"memsum: not answering message {msg.id} of {record.id}: record-only")
             await runtime.get().compression.judge_recorded(record.id, entry_of(record))

@@ -29,6 +29,7 @@ from nonebot.compat import type_validate_python
 from nonebot.log import logger
 
 from nonebot_plugin_memsum import clock, runtime
+from nonebot_plugin_memsum.types import Message
 
 from .render import is_empty
 from .sessions import PLATFORM, group_record, private_record
@@ -88,6 +89,9 @@ class Account:
     unanswered before the connection, or one the backfill stored."""
     resumed: set[str] = field(default_factory=set)
     """Sessions whose questions got their turn."""
+    questions: dict[tuple[str, str], int] = field(default_factory=dict)
+    """(session id, platform message id) → stored id of the questions the backfill stored
+    while MEMSUM_RESUME_WINDOW is 0 (`fetched_question`)."""
 
 
 # ---- the pure part --------------------------------------------------------------------
@@ -331,12 +335,22 @@ async def _backfill(bot: Bot, account: Account, sid: str, last: float) -> int:
         event = Adapter.json_to_event(payload)
         if not isinstance(event, GroupMessageEvent | PrivateMessageEvent):
             continue
-        asks = await _record_fetched(bot, event)
-        if asks is not None:
+        msg = await _record_fetched(bot, event)
+        if msg is not None:
             stored += 1
-            if asks:
+            if msg.addressed:
                 account.asked.add(sid)
+                if not runtime.get().config.memsum_resume_window and msg.id is not None:
+                    account.questions[(sid, str(payload["message_id"]))] = msg.id
     return stored
+
+
+def fetched_question(bot: Bot, session_id: str, message_id: int) -> int | None:
+    """The stored id of a question the backfill stored that nothing answers on connect
+    (MEMSUM_RESUME_WINDOW 0), for its live event: said just as the bot connected, it came
+    both ways, and then only the live one can answer it. None otherwise."""
+    account = runtime.get().onebot.accounts.get(bot.self_id)
+    return None if account is None else account.questions.pop((session_id, str(message_id)), None)
 
 
 def _refused(bot: Bot, account: Account, sid: str, action: str, err: Exception) -> None:
@@ -358,8 +372,8 @@ def _refused(bot: Bot, account: Account, sid: str, action: str, err: Exception) 
     logger.debug(f"memsum: backfill of {sid} skipped: {action} failed ({type(err).__name__} {retcode})")
 
 
-async def _record_fetched(bot: Bot, event: MessageEvent) -> bool | None:
-    """Stores a fetched message: whether it asked the bot, None when not stored."""
+async def _record_fetched(bot: Bot, event: MessageEvent) -> Message | None:
+    """Stores a fetched message (`addressed`: it asked the bot); None when not stored."""
     from nonebot_plugin_memsum.commands import COMMAND_NAMES  # commands import this package
 
     from .record import drop_foreign_quote, quotes_forgotten_answer, record_message
@@ -373,7 +387,7 @@ async def _record_fetched(bot: Bot, event: MessageEvent) -> bool | None:
     drop_foreign_quote(bot, event)
     asks = addresses_bot(event, bot.self_id, rt.nicknames) or await quotes_forgotten_answer(bot, event)
     _, msg = await record_message(bot, event, addressed=asks, said_at=float(event.time), fetched=True)
-    return None if msg is None else asks
+    return msg
 
 
 async def _resolve_reply(bot: Bot, event: MessageEvent) -> None:
