@@ -86,28 +86,29 @@ def _sent_id(result: object) -> str | None:
 
 async def _deliver(bot: Bot, send: Callable[[Bot], Awaitable[Any]]) -> Any:
     """One send, on the account's current connection. When it has none (the implementation
-    restarting while the model thought), once more as soon as it is back, within
+    restarting while the model thought), once more on its next one, if that comes within
     MEMSUM_RESUME_WINDOW: the answer is stored and marked as being sent already, so the
     reconnect's resume leaves its question alone and only this send can still deliver it."""
+    current = _current(bot)
     try:
-        return await send(_current(bot))
+        return await send(current)
     except NOT_SENT:
-        if not await _reconnected(bot, runtime.get().config.memsum_resume_window):
+        if not await _reconnected(current, runtime.get().config.memsum_resume_window):
             raise
         return await send(_current(bot))
 
 
 def _current(bot: Bot) -> Bot:
+    """The account's bot on its current connection (each connection has its own)."""
     found = get_bots().get(bot.self_id)
     return found if isinstance(found, Bot) else bot
 
 
-async def _reconnected(bot: Bot, within: float) -> bool:
-    """Whether the account has a connection again within `within` seconds."""
-    connections = getattr(bot.adapter, "connections", {})
+async def _reconnected(gone: Bot, within: float) -> bool:
+    """Whether the account connects again (a bot other than `gone`) within `within` seconds."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
-    while bot.self_id not in connections:
+    while get_bots().get(gone.self_id) in (None, gone):
         if loop.time() >= deadline:
             return False
         await asyncio.sleep(0.1)
