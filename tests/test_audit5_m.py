@@ -14,6 +14,8 @@ import os
 import resource
 import shutil
 import sqlite3
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +61,27 @@ async def connect(bot: BotProcess, sim: OneBotSim) -> None:
     await wait_log(bot, f"Bot {SELF_ID} connected")
 
 
+@asynccontextmanager
+async def talking(
+    tmp_path: Path,
+    llm: ScriptedLLM,
+    settings: Mapping[str, str] | None = None,
+    *,
+    preexec: Callable[[], None] | None = None,
+) -> AsyncIterator[tuple[BotProcess, OneBotSim]]:
+    """bot.py at INFO (the level an owner runs at) on `tmp_path/bot` with `settings`, the
+    simulator connected; a test may kill, stop and start both again inside."""
+    bot = BotProcess(tmp_path / "bot", env=env(llm, **(settings or {})), log_level="INFO")
+    bot.preexec = preexec
+    async with bot:
+        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+        await connect(bot, sim)
+        try:
+            yield bot, sim
+        finally:
+            await sim.close()
+
+
 def history_calls(sim: OneBotSim) -> list[int]:
     return [int(c.params["group_id"]) for c in sim.calls if c.action == "get_group_msg_history"]
 
@@ -73,10 +96,8 @@ async def test_a_group_whose_history_cannot_be_read_does_not_stop_the_backfill_o
     # implementation lacked the action, and nothing said in any group was backfilled.
     groups = [7101, 7102, 7103, 7104, 7105]
     gone = {7101, 7103}
-    async with BotProcess(tmp_path / "bot", env=env(answering), log_level="INFO") as bot:
-        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+    async with talking(tmp_path, answering) as (bot, sim):
         sim.history_like("llonebot")
-        await connect(bot, sim)
         for group in groups:  # oldest first: 7101 is fetched first
             await sim.group_message(group, 20001, "早上好", nickname="甲")
             await until(lambda group=group: holds(bot, group_sid(group), 1), "the group's message")
@@ -96,7 +117,6 @@ async def test_a_group_whose_history_cannot_be_read_does_not_stop_the_backfill_o
                 expected.append("[乙(20002)] 机器人不在的时候说的")
             assert await said(bot, group_sid(group)) == expected, group
         assert sorted(history_calls(sim)) == groups  # each once
-        await sim.close()
 
 
 async def test_an_implementation_failing_every_history_call_gets_a_few_calls_and_one_line(
@@ -105,14 +125,12 @@ async def test_an_implementation_failing_every_history_call_gets_a_few_calls_and
     # NapCat answers retcode 1200 when an action throws (src/onebot/action/OneBotAction.ts
     # `websocketHandle`); failing for every place is an implementation that cannot serve it.
     groups = list(range(7201, 7211))
-    async with BotProcess(tmp_path / "bot", env=env(answering), log_level="INFO") as bot:
-        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+    async with talking(tmp_path, answering) as (bot, sim):
 
         def broken(params: dict[str, Any]) -> Any:
             raise ActionFailedError(1200, "getMsgHistory error")
 
         sim.responders["get_group_msg_history"] = broken
-        await connect(bot, sim)
         for group in groups:
             await sim.group_message(group, 20001, "在吗", nickname="甲")
         await until(lambda: holds(bot, group_sid(groups[-1]), 1), "the messages")
@@ -121,7 +139,6 @@ async def test_an_implementation_failing_every_history_call_gets_a_few_calls_and
         log = await wait_log(bot, "memsum: backfill of 10000:")
         assert log.count("cannot get_group_msg_history") == 1
         assert len(history_calls(sim)) == PROBES  # not one per group
-        await sim.close()
 
 
 # ---- a reconnect while the model thinks -------------------------------------------------
@@ -154,9 +171,7 @@ async def test_an_answer_ready_while_the_implementation_reconnects_is_sent_once_
     llm.reset()
     group = 7301
     sid = group_sid(group)
-    async with BotProcess(tmp_path / "bot", env=env(llm), log_level="INFO") as bot:
-        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
-        await connect(bot, sim)
+    async with talking(tmp_path, llm) as (bot, sim):
         with llm.gate(Reply("想好了：周六。"), holds=is_chat) as gate:
             question = await sim.group_message(group, 20001, [at(SELF_ID), text(" 哪天去？")], nickname="甲")
             await gate.reached()
@@ -175,7 +190,6 @@ async def test_an_answer_ready_while_the_implementation_reconnects_is_sent_once_
             "[乙(20002)] 好的",
         ]
         assert "could not send a reply" not in bot.log()
-        await sim.close()
 
 
 async def _true(value: object) -> bool:
@@ -185,12 +199,9 @@ async def _true(value: object) -> bool:
 # ---- a database the bot cannot use at start-up ------------------------------------------
 async def bot_with_history(tmp_path: Path, llm: ScriptedLLM) -> BotProcess:
     """A bot folder whose database holds one group's message, the bot stopped."""
-    async with BotProcess(tmp_path / "bot", env=env(llm), log_level="INFO") as bot:
-        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
-        await connect(bot, sim)
+    async with talking(tmp_path, llm) as (bot, sim):
         await sim.group_message(7401, 20001, "要保住的一句", nickname="甲")
         await until(lambda: holds(bot, group_sid(7401), 1), "the message stored")
-        await sim.close()
     return bot
 
 
@@ -269,13 +280,12 @@ async def test_a_full_disk_is_one_error_line_and_messages_are_stored_again_once_
     # fails as one past the end of a full disk does (SQLite: disk I/O error).
     group = 7501
     sid = group_sid(group)
-    bot = BotProcess(tmp_path / "bot", env=env(answering), log_level="INFO")
     limit = 2 << 20
-    bot.preexec = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
-    await bot.start()
-    try:
-        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
-        await connect(bot, sim)
+    async with talking(
+        tmp_path,
+        answering,
+        preexec=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY)),
+    ) as (bot, sim):
         pastes = 30
         for i in range(pastes):  # ~300 KB each in UTF-8: the file reaches the limit within a few
             await sim.group_message(group, 20001, f"第{i}段粘贴" + "长文" * 50_000, nickname="甲")
@@ -296,9 +306,6 @@ async def test_a_full_disk_is_one_error_line_and_messages_are_stored_again_once_
         assert f"messages are stored again; {pastes - stored} were not" in log
         assert "Traceback" not in log
         assert "长文" not in log
-        await sim.close()
-    finally:
-        await bot.stop()
 
 
 async def _last_is(bot: BotProcess, sid: str, content: str) -> bool:
@@ -318,9 +325,7 @@ async def test_a_recovery_switch_at_0_is_off_and_leaves_the_other_one_on(
     llm.reset()
     group = 7601
     sid = group_sid(group)
-    async with BotProcess(tmp_path / "bot", env=env(llm, **{off: "0"}), log_level="INFO") as bot:
-        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
-        await connect(bot, sim)
+    async with talking(tmp_path, llm, {off: "0"}) as (bot, sim):
         with llm.gate(Reply("来不及说的回答"), holds=is_chat) as gate:
             cut = await sim.group_message(group, 20001, [at(SELF_ID), text(" 第一个问题")], nickname="甲")
             await gate.reached()
@@ -352,7 +357,6 @@ async def test_a_recovery_switch_at_0_is_off_and_leaves_the_other_one_on(
             assert len(answers_to(sim, cut)) == 1
         assert answers_to(sim, down) == []
         assert len(answers_to(sim, live)) == 1
-        await sim.close()
 
 
 @pytest.mark.parametrize("window", ["0", "300"])
@@ -365,11 +369,7 @@ async def test_a_question_said_as_the_bot_reconnects_and_fetched_by_the_backfill
     # the backfill answers nothing and the live event took it for answered from there.
     group = 7651
     sid = group_sid(group)
-    async with BotProcess(
-        tmp_path / "bot", env=env(answering, MEMSUM_RESUME_WINDOW=window), log_level="INFO"
-    ) as bot:
-        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
-        await connect(bot, sim)
+    async with talking(tmp_path, answering, {"MEMSUM_RESUME_WINDOW": window}) as (bot, sim):
         await sim.group_message(group, 20001, "早上好", nickname="甲")
         await until(lambda: holds(bot, sid, 1), "the first message")
         await sim.close()
@@ -396,7 +396,6 @@ async def test_a_question_said_as_the_bot_reconnects_and_fetched_by_the_backfill
             "好的",
             "[丙(20003)] 谢谢",
         ]
-        await sim.close()
 
 
 async def test_a_question_said_while_down_is_answered_once_only_within_the_resume_window(
@@ -406,11 +405,7 @@ async def test_a_question_said_while_down_is_answered_once_only_within_the_resum
     # alone (MEMSUM_RESUME_WINDOW 300 s), one asked a minute ago is answered, once, and not
     # again on the next reconnect. Both are recorded.
     old_group, new_group = 7701, 7702
-    bot = BotProcess(tmp_path / "bot", env=env(answering), log_level="INFO")
-    await bot.start()
-    try:
-        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
-        await connect(bot, sim)
+    async with talking(tmp_path, answering) as (bot, sim):
         for group in (old_group, new_group):
             await sim.group_message(group, 20001, "大家好", nickname="甲")
             await until(lambda group=group: holds(bot, group_sid(group), 1), "the first message")
@@ -438,9 +433,6 @@ async def test_a_question_said_while_down_is_answered_once_only_within_the_resum
         await until(lambda: _last_is(bot, group_sid(new_group), "[丙(20003)] 谢谢"), "a later message")
         assert answers_to(sim, old) == []
         assert len(answers_to(sim, new)) == 1
-        await sim.close()
-    finally:
-        await bot.stop()
 
 
 # ---- reconnects ------------------------------------------------------------------------------
@@ -452,9 +444,7 @@ async def test_two_reconnects_during_the_backfill_store_nothing_twice_and_answer
     # to the first call goes nowhere, and what was said meanwhile is stored once, in order.
     group = 7801
     sid = group_sid(group)
-    async with BotProcess(tmp_path / "bot", env=env(answering), log_level="INFO") as bot:
-        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
-        await connect(bot, sim)
+    async with talking(tmp_path, answering) as (bot, sim):
         await sim.group_message(group, 20001, "早上好", nickname="甲")
         await until(lambda: holds(bot, sid, 1), "the first message")
         await sim.close()
@@ -488,7 +478,6 @@ async def test_two_reconnects_during_the_backfill_store_nothing_twice_and_answer
             "[甲(20001)] 重连之后",
         ]
         assert len(answers_to(sim, question)) == 1
-        await sim.close()
 
 
 # ---- SIGKILL and SIGTERM at points the crash tests do not reach -----------------------------
@@ -503,10 +492,7 @@ async def test_a_kill_between_the_parts_of_a_long_answer_sends_none_of_it_again(
     answering.on_request(lambda b: Reply(long, chunk_chars=600) if is_chat(b) else None)
     group = 7901
     sid = group_sid(group)
-    bot = BotProcess(tmp_path / "bot", env=env(answering), log_level="INFO")
-    await bot.start()
-    try:
-        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+    async with talking(tmp_path, answering) as (bot, sim):
         del sim.responders["send_group_forward_msg"]  # answered with retcode 1404
         send = sim.responders["send_msg"]
         second = asyncio.Event()
@@ -518,7 +504,6 @@ async def test_a_kill_between_the_parts_of_a_long_answer_sends_none_of_it_again(
             return send(params)
 
         sim.responders["send_msg"] = stuck_after_the_first
-        await connect(bot, sim)
         question = await sim.group_message(group, 20001, [at(SELF_ID), text(" 讲个长故事")], nickname="甲")
         await asyncio.wait_for(second.wait(), 20)
         await bot.kill()
@@ -533,9 +518,6 @@ async def test_a_kill_between_the_parts_of_a_long_answer_sends_none_of_it_again(
         assert [c for c in sim.calls[mark:] if c.action in SEND_ACTIONS] == []
         assert len(answers_to(sim, question)) == 1  # the first part, before the kill
         assert "1 replies were being sent when the last run stopped" in bot.log()
-        await sim.close()
-    finally:
-        await bot.stop()
 
 
 SUMMARY = "【保留原文】无\n## 最近在聊什么\n闲聊\n## 谁有问题没回应\n无\n## 关键原话要点\n无"
@@ -556,11 +538,7 @@ async def test_a_compression_stopped_in_flight_runs_again_at_the_next_start_by_i
     llm.on_request(lambda b: Reply("好的") if is_chat(b) else None)
     group = 8001
     sid = group_sid(group)
-    bot = BotProcess(tmp_path / "bot", env=env(llm, MEMSUM_HISTORY_LIMIT="4"), log_level="INFO")
-    await bot.start()
-    try:
-        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
-        await connect(bot, sim)
+    async with talking(tmp_path, llm, {"MEMSUM_HISTORY_LIMIT": "4"}) as (bot, sim):
         with llm.gate(Reply(SUMMARY), holds=is_summary) as gate:
             for i in range(4):
                 await sim.group_message(group, 20001, f"第{i}句闲聊", nickname="甲")
@@ -587,8 +565,6 @@ async def test_a_compression_stopped_in_flight_runs_again_at_the_next_start_by_i
         assert "Traceback" not in bot.log(all_runs=True)
         archived = await query(bot.db_path, "SELECT COUNT(*) FROM messages WHERE archived = 1")
         assert archived == [(6,)]  # the five said and the answer
-    finally:
-        await bot.stop()
 
 
 async def test_a_kill_in_the_middle_of_a_backfill_stores_the_rest_once_in_order_at_the_next_start(
@@ -599,11 +575,7 @@ async def test_a_kill_in_the_middle_of_a_backfill_stores_the_rest_once_in_order_
     # skips what is stored and stores the rest after it, once each.
     group = 8101
     sid = group_sid(group)
-    bot = BotProcess(tmp_path / "bot", env=env(answering), log_level="INFO")
-    await bot.start()
-    try:
-        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
-        await connect(bot, sim)
+    async with talking(tmp_path, answering) as (bot, sim):
         first = await sim.group_message(group, 20001, "早上好", nickname="甲")
         await until(lambda: holds(bot, sid, 1), "the first message")
         await sim.close()
@@ -637,9 +609,6 @@ async def test_a_kill_in_the_middle_of_a_backfill_stores_the_rest_once_in_order_
             "[丙(20003)] [回复 甲(20001)：早上好] 同意",
             "[乙(20002)] 三",
         ], quoting
-        await sim.close()
-    finally:
-        await bot.stop()
 
 
 # ---- the log ----------------------------------------------------------------------------------
@@ -651,9 +620,7 @@ async def test_an_event_the_adapter_cannot_parse_is_logged_without_its_text(
     # message's text included: it outlived /清除 in the log. Later messages go on as before.
     group = 8201
     sid = group_sid(group)
-    async with BotProcess(tmp_path / "bot", env=env(answering), log_level="INFO") as bot:
-        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
-        await connect(bot, sim)
+    async with talking(tmp_path, answering) as (bot, sim):
         event = {
             "time": 1,
             "self_id": SELF_ID,
@@ -676,4 +643,3 @@ async def test_an_event_the_adapter_cannot_parse_is_logged_without_its_text(
         assert log.count("Failed to parse an event") == 3
         assert "群里的秘密" not in log
         assert "后面的话" not in log
-        await sim.close()
