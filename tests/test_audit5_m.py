@@ -17,15 +17,17 @@ import sqlite3
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
+from nonebot_plugin_memsum.compression.service import USAGE_NAMESPACE
 from nonebot_plugin_memsum.onebot.recovery import PROBES
 from tests.fakes.botproc import BotExitedError, BotProcess
 from tests.fakes.e2e import SELF_ID, group_sid, query, until, wait_log
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.onebot import SEND_ACTIONS, ActionFailedError, OneBotSim, at, text
+from tests.fakes.service import GROUP, IN_GROUP, Make, seed, settle
 
 pytestmark = pytest.mark.e2e
 
@@ -643,3 +645,45 @@ async def test_an_event_the_adapter_cannot_parse_is_logged_without_its_text(
         assert log.count("Failed to parse an event") == 3
         assert "群里的秘密" not in log
         assert "后面的话" not in log
+
+
+# ---- a kill right after a clear (R-MEM-2, R-BACK-4) -------------------------------------------
+class Killed(BaseException):
+    """The process ends here: nothing after this point runs (as under SIGKILL)."""
+
+
+@pytest.mark.parametrize("kind", ["context", "summary"])
+async def test_r_back_4_a_kill_just_after_a_clear_leaves_no_back_off_behind(
+    make: Make, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: Literal["context", "summary"]
+) -> None:
+    # The clear's commit archived the history (R-MEM-2); the back-off it forgets (R-BACK-4)
+    # and the latest usage (/摘要's line) were deleted in writes of their own after it. A kill
+    # in between left them in the file: after the restart the cleared session still waited
+    # out a failing model's back-off, and /摘要 showed the usage of what was cleared.
+    db = tmp_path / "memsum.db"
+    env = await make(location=db, memsum_history_limit=2)
+    rt = env.rt
+    env.model.summary.append(Reply("【保留原文】无"))  # the background run fails: a back-off
+    await seed(rt, 4)
+    assert await rt.agent.run_turn(GROUP.id, entry=IN_GROUP) == "replied"
+    await settle(rt)
+    status = await rt.compression.status(GROUP.id)
+    assert (status.backoff_failures, status.usage is not None) == (1, True)
+
+    async def usage_written() -> bool:  # it waits in memory for a second (issue 9)
+        return await rt.store.get_meta(USAGE_NAMESPACE, GROUP.id) is not None
+
+    await until(usage_written, "the latest usage written")
+    clear_store = rt.compression._clear_store
+
+    async def then_killed(session_id: str, how: Any) -> None:
+        await clear_store(session_id, how)
+        raise Killed
+
+    monkeypatch.setattr(rt.compression, "_clear_store", then_killed)
+    with pytest.raises(Killed):
+        await rt.compression.clear(GROUP.id, kind)
+    restarted = await make(location=db)  # what the file holds is what a restart reads
+    status = await restarted.rt.compression.status(GROUP.id)
+    assert status.backoff_failures == 0
+    assert (status.usage is None) == (kind == "context")

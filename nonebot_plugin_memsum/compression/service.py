@@ -326,29 +326,34 @@ class CompressionService:
         inside_turn = self.agent.is_turn_task(session_id)
         if run is not None and (not run.committing or inside_turn):
             run.cancelled.set()
+        if kind == "context":
+            await self._forget_usage(session_id)  # none written after the clear's commit
         if inside_turn:
             await self._clear_store(session_id, kind)
         else:
             async with self._commit_locks.hold(session_id):
                 await self._clear_store(session_id, kind)
+            if run is not None and not run.cancelled.is_set():
+                await run.finished.wait()  # the run whose commit it waited for has reported `done`
         self._summaries.pop(session_id)
         self._epoch[session_id] = self._epoch.get(session_id, 0) + 1
-        await self._set_backoff(session_id, Backoff())  # R-BACK-4
+        self._backoff[session_id] = Backoff()  # R-BACK-4 (the stored one went with the clear)
         self._latest_turn_usage.pop(session_id, None)
         if kind == "context":
             self._latest_usage.pop(session_id, None)
-            await self._forget_usage(session_id)
-            await self.store.delete_meta(USAGE_NAMESPACE, session_id)
 
     async def _clear_store(self, session_id: str, kind: Literal["context", "summary"]) -> None:
-        """The clear in the store; with other processes on the database, with a new clear mark:
-        their runs of this session cannot be cancelled from here, so their commits check it."""
-        if not self.store.shared:
-            await self.store.clear(session_id, kind)
-            return
+        """The clear in the store, in one commit with what it forgets: the back-off (R-BACK-4)
+        and, with the context, the latest usage; a crash just after it leaves neither behind.
+        With other processes on the database, with a new clear mark too: their runs of this
+        session cannot be cancelled from here, so their commits check it."""
         async with self.store.transaction() as tx:
             await tx.clear(session_id, kind)
-            await tx.put_meta(CLEARS_NAMESPACE, session_id, uuid.uuid4().hex)
+            await tx.delete_meta(BACKOFF_NAMESPACE, session_id)
+            if kind == "context":
+                await tx.delete_meta(USAGE_NAMESPACE, session_id)
+            if self.store.shared:
+                await tx.put_meta(CLEARS_NAMESPACE, session_id, uuid.uuid4().hex)
 
     async def delete_session(self, session_id: str) -> None:
         """R-MEM-2/3, R-BACK-4: cancel a run still waiting on the model (wait for one that
