@@ -523,6 +523,13 @@ class PostgresDb(Db):
                     f"{describe(url)} was written by a newer nonebot-plugin-memsum (schema version"
                     f" {err.found}, this version knows {err.known}); upgrade the plugin"
                 ) from err
+            state = getattr(err.__cause__, "sqlstate", None)
+            if isinstance(err, StoreError) and state in ("42501", "25006"):  # no right; read-only
+                raise StoreError(
+                    f"cannot write {describe(url)} ({err.__cause__}): the bot's role must be able"
+                    " to write its tables, and to create them on the first start (the database's"
+                    " owner, or GRANT CREATE ON SCHEMA public)"
+                ) from err
             raise
         return db
 

@@ -211,7 +211,10 @@ PG_MIGRATIONS: tuple[PgMigration, ...] = (
 
 async def schema_version(db: PostgresDb) -> int:
     """The database's schema version (0: never migrated)."""
-    await db.fetch("CREATE TABLE IF NOT EXISTS memsum_schema (version INTEGER NOT NULL)")
+    # Created only when missing: a role that may write the tables but create nothing (the
+    # owner migrated once) runs a migrated database; CREATE ... IF NOT EXISTS needs the right.
+    if (await db.fetch("SELECT to_regclass('memsum_schema')"))[0][0] is None:
+        await db.fetch("CREATE TABLE memsum_schema (version INTEGER NOT NULL)")
     rows = await db.fetch("SELECT version FROM memsum_schema")
     return int(rows[0][0]) if rows else 0
 
@@ -230,6 +233,9 @@ async def migrate(db: PostgresDb, migrations: Sequence[PgMigration] = PG_MIGRATI
         if found < len(migrations):
             await db.fetch("DELETE FROM memsum_schema")
             await db.fetch("INSERT INTO memsum_schema (version) VALUES (?)", (len(migrations),))
+        # A role that may only read (or a read-only replica) opens a migrated database
+        # without a word, and then every message failed to store: refused here instead.
+        await db.fetch("UPDATE memsum_schema SET version = version")
         await db.commit()
     except BaseException:
         await db.rollback()

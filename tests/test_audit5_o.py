@@ -1,0 +1,143 @@
+"""Audit 5 (o): PostgreSQL as an owner runs it in production (issue 13).
+
+The bot with MEMSUM_DB_URL beside a PostgreSQL server of the owner's: roles that may
+connect but not write, or not create the schema (start-up stops with one line naming the
+key, as SQLite's read-only file does), the URL forms owners copy from their server's docs
+(`postgres://`, `?sslmode=disable`, a unix socket, a percent-encoded password, a missing
+database name), the server going away while the bot runs (idle, between messages, with a
+lock held or a statement timeout on the server), and what the bot logs and stores once
+it is back, without a restart of the bot.
+
+Every test runs on the real PostgreSQL server of tests/fakes/pgserver.py (its roles are
+cluster-wide: each test makes its own, and drops it).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import pytest
+
+from nonebot_plugin_memsum.store import StoreError, open_store
+from nonebot_plugin_memsum.types import Message
+from tests.fakes.botproc import BotExitedError, BotProcess
+from tests.fakes.pgdb import fresh_database, raw
+from tests.fakes.pgserver import PgServer
+
+SID = "onebot:10000:group:1"
+
+
+@pytest.fixture
+async def url(pg_server: PgServer) -> AsyncIterator[str]:
+    """A fresh database with the schema, owned by the test server's superuser."""
+    async with fresh_database(pg_server.url()) as fresh:
+        yield fresh
+
+
+@pytest.fixture
+def role(pg_server: PgServer) -> Iterator[tuple[str, str]]:
+    """A new login role (no rights beyond PUBLIC's) and its password; dropped after."""
+    name = "r_" + uuid.uuid4().hex[:12]
+    password = "pw-" + uuid.uuid4().hex[:12]
+    pg_server.psql(f"CREATE ROLE {name} LOGIN PASSWORD '{password}'")
+    yield name, password
+    for database in pg_server.psql("SELECT datname FROM pg_database WHERE NOT datistemplate").split():
+        pg_server.psql(f"REASSIGN OWNED BY {name} TO CURRENT_USER; DROP OWNED BY {name}", database)
+    pg_server.psql(f"DROP ROLE {name}")
+
+
+def as_role(url: str, name: str, password: str) -> str:
+    parts = urlsplit(url)
+    netloc = f"{quote(name, safe='')}:{quote(password, safe='')}@{parts.hostname}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def dbname(url: str) -> str:
+    return urlsplit(url).path.lstrip("/")
+
+
+def said(text: str, ts: float = 1.0) -> Message:
+    return Message(role="user", content=f"[甲(20001)] {text}", name="20001", ts=ts)
+
+
+# ---- roles --------------------------------------------------------------------------------
+@pytest.mark.parametrize("how", ["select_only", "read_only_transactions"])
+async def test_a_role_that_can_read_but_not_write_stops_start_up_naming_the_server(
+    pg_server: PgServer, url: str, role: tuple[str, str], how: str
+) -> None:
+    # An owner hands the bot a reporting role, or points it at a read-only replica (every
+    # transaction read-only): opening must refuse, not start and then lose every message.
+    name, password = role
+    db = dbname(url)
+    pg_server.psql(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {name}", db)
+    if how == "read_only_transactions":
+        pg_server.psql(
+            f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {name};"
+            f" GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {name};"
+            f" ALTER ROLE {name} SET default_transaction_read_only = on",
+            db,
+        )
+    with pytest.raises(StoreError) as caught:
+        await open_store(as_role(url, name, password))
+    line = str(caught.value)
+    assert line.startswith(f"cannot write postgresql://{name}@127.0.0.1:{pg_server.port}/{db}")
+    assert password not in line
+    assert "\n" not in line
+
+
+async def test_a_role_with_only_its_tables_rights_runs_a_migrated_database(
+    pg_server: PgServer, url: str, role: tuple[str, str]
+) -> None:
+    # Least privilege: the owner migrated once (or the first start did), then runs the bot
+    # as a role that may read and write the tables but create nothing.
+    name, password = role
+    pg_server.psql(
+        f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {name};"
+        f" GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {name}",
+        dbname(url),
+    )
+    store = await open_store(as_role(url, name, password))
+    try:
+        await store.append(SID, said("一"))
+        await store.append(SID, said("二", ts=2.0))
+        assert [m.content for m in await store.get_history(SID)] == ["[甲(20001)] 一", "[甲(20001)] 二"]
+    finally:
+        await store.close()
+    assert await raw(url, "SELECT COUNT(*) FROM messages WHERE session_id = ?", (SID,)) == [(2,)]
+
+
+async def test_a_role_that_cannot_create_the_schema_stops_start_up_saying_so(
+    pg_server: PgServer, pg_url: str, role: tuple[str, str]
+) -> None:
+    # PostgreSQL 15+: only the database's owner may create in `public`. A new role given
+    # CONNECT on a database the owner made as postgres cannot create the tables.
+    name, password = role
+    with pytest.raises(StoreError) as caught:
+        await open_store(as_role(pg_url, name, password))
+    line = str(caught.value)
+    assert line.startswith(f"cannot write postgresql://{name}@")
+    assert "permission denied for schema public" in line
+    assert "create" in line.split(")", 1)[1]  # what to do about it, after the server's words
+    assert password not in line
+    assert await raw(pg_url, "SELECT tablename FROM pg_tables WHERE schemaname = 'public'") == []
+
+
+async def test_bot_start_up_as_a_read_only_role_is_one_line_naming_memsum_db_url(
+    tmp_path_factory: pytest.TempPathFactory, pg_server: PgServer, url: str, role: tuple[str, str]
+) -> None:
+    name, password = role
+    pg_server.psql(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {name}", dbname(url))
+    bot = BotProcess(
+        tmp_path_factory.mktemp("pgro"),
+        env={"MEMSUM_DB_URL": as_role(url, name, password), "LOG_LEVEL": "INFO"},
+    )
+    with pytest.raises(BotExitedError) as exited:
+        async with bot:
+            pass
+    lines = [line for line in exited.value.log.splitlines() if "nonebot-plugin-memsum" in line]
+    assert len(lines) == 1, lines
+    assert f"MEMSUM_DB_URL: cannot write postgresql://{name}@" in lines[0]
+    assert password not in exited.value.log
+    assert exited.value.returncode != 0
