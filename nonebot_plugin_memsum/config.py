@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
@@ -235,7 +235,9 @@ class Config(BaseModel):
             # A password with a bare / ? or # ends the host part early: the rest of the
             # password would then be taken for the host and the path, and shown as them.
             raise ValueError(f"{DB_URL_FORM} ({PASSWORD_ENCODING})")
-        if parts.scheme not in ("postgresql", "postgres") or not parts.hostname or len(parts.path) < 2:
+        # libpq's unix-socket form names the socket's folder in the query: `…@/db?host=/run/postgresql`.
+        host = parts.hostname or parse_qs(parts.query).get("host", [""])[0]
+        if parts.scheme not in ("postgresql", "postgres") or not host or len(parts.path) < 2:
             raise ValueError(DB_URL_FORM)
         return SecretStr(value)
 

@@ -20,6 +20,8 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
 
+from nonebot_plugin_memsum.config import parse_config
+from nonebot_plugin_memsum.errors import ConfigError
 from nonebot_plugin_memsum.store import StoreError, open_store
 from nonebot_plugin_memsum.types import Message
 from tests.fakes.botproc import BotExitedError, BotProcess
@@ -141,3 +143,98 @@ async def test_bot_start_up_as_a_read_only_role_is_one_line_naming_memsum_db_url
     assert f"MEMSUM_DB_URL: cannot write postgresql://{name}@" in lines[0]
     assert password not in exited.value.log
     assert exited.value.returncode != 0
+
+
+# ---- URL forms ----------------------------------------------------------------------------
+@pytest.mark.parametrize("form", ["postgres_scheme", "sslmode_disable", "socket_query", "socket_host"])
+async def test_url_forms_owners_copy_are_accepted_and_shown_without_the_password(
+    pg_server: PgServer, url: str, form: str
+) -> None:
+    parts = urlsplit(url)
+    password = parts.password
+    assert password
+    assert pg_server._dir is not None
+    socket_dir = str(pg_server._dir)  # the server also listens on a unix socket there
+    written = {
+        "postgres_scheme": urlunsplit(parts._replace(scheme="postgres")),
+        "sslmode_disable": url + "?sslmode=disable",
+        # libpq's documented socket forms: an empty host with ?host=, or the path encoded
+        # as the host (https://www.postgresql.org/docs/16/libpq-connect.html#LIBPQ-CONNSTRING-URIS)
+        "socket_query": f"postgresql://memsum:{password}@/{dbname(url)}?host={socket_dir}&port={parts.port}",
+        "socket_host": f"postgresql://memsum:{password}@{quote(socket_dir, safe='')}:{parts.port}"
+        f"/{dbname(url)}?sslmode=disable",
+    }[form]
+    config = parse_config({"memsum_db_url": written})
+    assert password not in repr(config)
+    store = await open_store(config.memsum_db_url.get_secret_value())
+    try:
+        assert password not in str(store)
+        assert dbname(url) in str(store)
+        if form == "socket_query":  # the log says which socket
+            assert str(store).endswith(f"/{dbname(url)}?host={socket_dir}")
+        await store.append(SID, said("连上了"))
+    finally:
+        await store.close()
+    assert await raw(url, "SELECT content FROM messages WHERE session_id = ?", (SID,)) == [
+        ("[甲(20001)] 连上了",)
+    ]
+
+
+async def test_a_password_with_url_characters_percent_encoded_connects(
+    pg_server: PgServer, url: str, role: tuple[str, str]
+) -> None:
+    name, _ = role
+    password = "p@ss/w#rd?:%x 中"
+    pg_server.psql(f"ALTER ROLE {name} SUPERUSER PASSWORD '{password}'")
+    written = as_role(url, name, password)
+    assert "%40" in written
+    assert "%25" in written
+    config = parse_config({"memsum_db_url": written})
+    store = await open_store(config.memsum_db_url.get_secret_value())
+    try:
+        await store.append(SID, said("密码里有符号"))
+        assert quote(password, safe="") not in str(store)
+        assert "p@ss" not in str(store)
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        "postgresql://memsum:hunter2@127.0.0.1:5432",  # no database name
+        "postgresql://memsum:hunter2@127.0.0.1:5432/",
+        "postgresql://memsum:hunter2@/memsum",  # no host and no ?host=
+    ],
+)
+def test_a_url_refused_is_one_line_naming_the_key_never_the_password(written: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"memsum_db_url": written})
+    line = str(caught.value)
+    assert line.startswith("invalid MEMSUM_DB_URL")
+    assert "postgresql://user:password@host:port/dbname" in line
+    assert "hunter2" not in line
+    assert "\n" not in line
+
+
+async def test_a_bogus_sslmode_is_refused_at_open_without_the_password() -> None:
+    with pytest.raises(StoreError) as caught:
+        await open_store("postgresql://memsum:hunter2@127.0.0.1:1/memsum?sslmode=bogus")
+    assert "sslmode" in str(caught.value)
+    assert "hunter2" not in str(caught.value)
+
+
+async def test_a_password_given_as_a_query_parameter_is_never_shown(pg_server: PgServer, url: str) -> None:
+    parts = urlsplit(url)
+    password = parts.password
+    assert password
+    written = f"postgresql://memsum@127.0.0.1:{parts.port}{parts.path}?password={password}"
+    config = parse_config({"memsum_db_url": written})
+    store = await open_store(config.memsum_db_url.get_secret_value())
+    try:
+        assert password not in str(store)
+    finally:
+        await store.close()
+    with pytest.raises(StoreError) as caught:
+        await open_store(written.replace(parts.path, "/no_such_db"))
+    assert password not in str(caught.value)

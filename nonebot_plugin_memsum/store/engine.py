@@ -31,7 +31,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import aiosqlite
 
@@ -80,7 +80,9 @@ def describe(location: Location) -> str:
     host = parts.hostname or ""
     user = f"{parts.username}@" if parts.username else ""
     port = f":{parts.port}" if parts.port else ""
-    return f"{parts.scheme}://{user}{host}{port}{parts.path}"
+    # The query may hold a password; only a unix socket's folder (libpq's `?host=`) is shown.
+    socket = parse_qs(parts.query).get("host", [""])[0] if not host else ""
+    return f"{parts.scheme}://{user}{host}{port}{parts.path}" + (f"?host={socket}" if socket else "")
 
 
 class Db(ABC):
