@@ -14,6 +14,8 @@ cluster-wide: each test makes its own, and drops it).
 
 from __future__ import annotations
 
+import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -25,6 +27,8 @@ from nonebot_plugin_memsum.errors import ConfigError
 from nonebot_plugin_memsum.store import StoreError, open_store
 from nonebot_plugin_memsum.types import Message
 from tests.fakes.botproc import BotExitedError, BotProcess
+from tests.fakes.e2e import group_sid, query, running_bot, until, wait_log
+from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.pgdb import fresh_database, raw
 from tests.fakes.pgserver import PgServer
 
@@ -238,3 +242,74 @@ async def test_a_password_given_as_a_query_parameter_is_never_shown(pg_server: P
     with pytest.raises(StoreError) as caught:
         await open_store(written.replace(parts.path, "/no_such_db"))
     assert password not in str(caught.value)
+
+
+# ---- the server while the bot runs -------------------------------------------------------
+GROUP = 992
+
+
+def model(body: dict[str, object]) -> Reply:
+    return Reply("收到")
+
+
+async def test_the_server_going_away_while_the_bot_runs_logs_once_and_stores_again_after(
+    tmp_path_factory: pytest.TempPathFactory, pg_server: PgServer, url: str
+) -> None:
+    # A `docker restart` of the owner's PostgreSQL while the bot runs: the server ends the
+    # bot's connections and refuses new ones for a while. Messages said meanwhile are not
+    # stored (one line in the log, not a traceback each); once the server is back, the
+    # next ones are, without restarting the bot; nothing stored twice or half.
+    sid = group_sid(GROUP)
+    db = dbname(url)
+    password = urlsplit(url).password
+    assert password
+    with ScriptedLLM() as llm:
+        llm.on_request(model)
+        settings = {
+            "MEMSUM_MODELS": json.dumps([llm.model_config()]),
+            "MEMSUM_DB_URL": url,
+            "LOG_LEVEL": "INFO",
+            "MEMSUM_BACKFILL_COUNT": "0",
+        }
+        async with running_bot(tmp_path_factory.mktemp("pgdown"), settings) as (bot, sim):
+
+            async def stored(n: int) -> bool:
+                return len(await query(url, "SELECT id FROM messages WHERE session_id = ?", sid)) == n
+
+            await sim.group_message(GROUP, 20001, "重启之前", nickname="小明")
+            await until(lambda: stored(1), "the first message stored")
+            pg_server.psql(f'ALTER DATABASE "{db}" WITH ALLOW_CONNECTIONS false')
+            try:
+                await raw(
+                    pg_server.url(),
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = ?",
+                    (db,),
+                )
+                for i in range(3):
+                    await sim.group_message(GROUP, 20001, f"停机时{i}", nickname="小明")
+                await wait_log(bot, "cannot store messages in the database")
+                await asyncio.sleep(0.5)
+            finally:
+                pg_server.psql(f'ALTER DATABASE "{db}" WITH ALLOW_CONNECTIONS true')
+            await sim.group_message(GROUP, 20001, "恢复之后", nickname="小明")
+            await wait_log(bot, "messages are stored again")
+            await until(
+                lambda: _has(url, sid, "恢复之后"),
+                "the message after the outage stored",
+            )
+            log = bot.log()
+    contents = [
+        c for (c,) in await query(url, "SELECT content FROM messages WHERE session_id = ? ORDER BY id", sid)
+    ]
+    assert contents[0] == "[小明(20001)] 重启之前"
+    assert contents[-1] == "[小明(20001)] 恢复之后"
+    assert len(contents) == len(set(contents))  # nothing twice
+    assert log.count("cannot store messages in the database") == 1  # once a minute, not once a message
+    assert "Traceback" not in log
+    assert password not in log
+
+
+async def _has(url: str, sid: str, words: str) -> bool:
+    return bool(
+        await query(url, "SELECT 1 FROM messages WHERE session_id = ? AND content LIKE ?", sid, f"%{words}")
+    )

@@ -22,12 +22,14 @@ from nonebot.typing import T_State
 
 from nonebot_plugin_memsum import runtime
 from nonebot_plugin_memsum.controls import CAP_NOTICE
+from nonebot_plugin_memsum.errors import StoreError
 from nonebot_plugin_memsum.types import SessionRecord
 
 from . import fastpath, recovery
 from .fastpath import Claim, Route
 from .record import (
     drop_foreign_quote,
+    note_refused,
     notice_record,
     quotes_forgotten_answer,
     record_message,
@@ -127,7 +129,12 @@ def register_matchers(priority: int, is_command: Callable[[T_State], bool], comm
             return  # one of our commands its sender may not use: not ours to handle
         drop_foreign_quote(bot, event)
         place, _ = record_of(bot, event)
-        mode = await runtime.get().controls.mode(place)
+        try:
+            mode = await runtime.get().controls.mode(place)
+        except StoreError as err:  # the database cannot be reached: counted as not stored
+            release_arrival(event)
+            note_refused(err)
+            return
         if mode == "off":
             release_arrival(event)
             logger.debug(f"memsum: not recording a message of {place.id}: mode off")

@@ -75,12 +75,7 @@ async def record_message(
             try:
                 stored = await rt.agent.record_once(record, msg)
             except StoreError as err:
-                refusals = rt.onebot.refusals
-                if refusals.refused(time.monotonic()):
-                    logger.error(
-                        f"memsum: cannot store messages in the database {rt.store}: {err};"
-                        f" {refusals.total} not stored so far"
-                    )
+                note_refused(err)
                 return record, None
             if rt.onebot.refusals.total:
                 logger.warning(f"memsum: messages are stored again; {rt.onebot.refusals.stored()} were not")
@@ -88,6 +83,18 @@ async def record_message(
     finally:
         if arrival is not None:
             rt.onebot.arrivals.done(arrival)
+
+
+def note_refused(err: StoreError) -> None:
+    """One event the store refused (a full disk, a database server gone away): counted, and
+    said in the log once a minute, not with a traceback each."""
+    rt = runtime.get()
+    refusals = rt.onebot.refusals
+    if refusals.refused(time.monotonic()):
+        logger.error(
+            f"memsum: cannot store messages in the database {rt.store}: {err};"
+            f" {refusals.total} not stored so far"
+        )
 
 
 async def message_of(
@@ -232,6 +239,9 @@ async def record_notice(bot: Bot, event: NoticeEvent, arrival: Arrival | None = 
             if text is None:
                 return None
             return await rt.agent.record(record, Message(role="notice", content=text, ts=clock.now()))
+    except StoreError as err:  # its mode or its write: the database cannot be reached
+        note_refused(err)
+        return None
     finally:
         if arrival is not None:
             rt.onebot.arrivals.done(arrival)
