@@ -20,6 +20,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from urllib.parse import quote, urlsplit, urlunsplit
 
+import asyncpg
 import pytest
 
 from nonebot_plugin_memsum.config import parse_config
@@ -245,6 +246,57 @@ async def test_a_password_given_as_a_query_parameter_is_never_shown(pg_server: P
 
 
 # ---- the server while the bot runs -------------------------------------------------------
+async def test_a_lock_held_on_the_server_delays_a_message_and_loses_nothing(url: str) -> None:
+    # The owner runs a maintenance statement (LOCK TABLE, VACUUM FULL, a long migration of
+    # their own) while the bot records: the bot waits for it, then stores in order.
+    store = await open_store(url)
+    admin = await asyncpg.connect(url)
+    try:
+        await store.append(SID, said("一"))
+        locking = admin.transaction()
+        await locking.start()
+        await admin.execute("LOCK TABLE messages IN ACCESS EXCLUSIVE MODE")
+        late = asyncio.create_task(store.append(SID, said("二", ts=2.0)))
+        await asyncio.sleep(0.5)
+        assert not late.done()
+        await locking.rollback()
+        await asyncio.wait_for(late, 10)
+        await store.append(SID, said("三", ts=3.0))
+        assert [m.content for m in await store.get_history(SID)] == [
+            "[甲(20001)] 一",
+            "[甲(20001)] 二",
+            "[甲(20001)] 三",
+        ]
+    finally:
+        await admin.close()
+        await store.close()
+
+
+async def test_a_statement_timeout_on_the_server_fails_one_call_and_the_next_stores(
+    pg_server: PgServer, url: str
+) -> None:
+    # The owner's server cancels statements after a while (statement_timeout): the one
+    # message that waited on a lock that long is refused as a StoreError (the log line of
+    # record.py), nothing half written, and the next one is stored on the same store.
+    pg_server.psql(f'ALTER DATABASE "{dbname(url)}" SET statement_timeout = 300')
+    store = await open_store(url)
+    admin = await asyncpg.connect(url)
+    try:
+        await store.append(SID, said("一"))
+        locking = admin.transaction()
+        await locking.start()
+        await admin.execute("LOCK TABLE messages IN ACCESS EXCLUSIVE MODE")
+        with pytest.raises(StoreError, match="statement timeout"):
+            await asyncio.wait_for(store.append(SID, said("二", ts=2.0)), 10)
+        await locking.rollback()
+        await store.append(SID, said("三", ts=3.0))
+        assert [m.content for m in await store.get_history(SID)] == ["[甲(20001)] 一", "[甲(20001)] 三"]
+        assert await raw(url, "SELECT active FROM message_counts WHERE session_id = ?", (SID,)) == [(2,)]
+    finally:
+        await admin.close()
+        await store.close()
+
+
 GROUP = 992
 
 
