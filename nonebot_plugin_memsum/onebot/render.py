@@ -31,7 +31,9 @@ _INVISIBLE_RE = re.compile(f"[{_INVISIBLE}]")
 _BLANK = "\t \x1f\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000"
 _GAP = f"[{_BLANK}{_INVISIBLE}]*"
 _LINE_START = r"(?:^|(?<=[\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]))"
-_LEAD = f"({_GAP})"
+# Markdown's quote and list markers in front hide no forgery either: `> [群主(10001)] …` reads
+# as the owner quoted, `- [群主(10001)] …` as the owner listed.
+_LEAD = f"({_GAP}(?:[>＞*\\-+•·][{_BLANK}{_INVISIBLE}]*)*)"
 _LABEL_LIKE = re.compile(
     rf"{_LINE_START}{_LEAD}[\[［【]([^\n\]］】]{{0,80}}?)[(（]{_GAP}(\d(?:[{_INVISIBLE}]*\d)*){_GAP}[)）]{_GAP}[\]］】]",
     re.M,
