@@ -184,7 +184,7 @@ def test_durations_read_like_people_say_them() -> None:
     ],
 )
 def test_a_stored_user_message_reads_back_as_its_speaker_and_body(name: str, quote: str, body: str) -> None:
-    # What a reply quotes from the bot's own store (record.py `_stored_quote`): the speaker
+    # What a reply quotes from the bot's own store (record.py `fill_forgotten_quote`): the speaker
     # as the label named them and the body without the label or the message's own quote.
     content = labelled(name, 20001, body, quote)
     parts = unlabelled(content)

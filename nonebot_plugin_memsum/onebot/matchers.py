@@ -29,9 +29,9 @@ from . import fastpath, recovery
 from .fastpath import Claim, Route
 from .record import (
     drop_foreign_quote,
+    fill_forgotten_quote,
     note_refused,
     notice_record,
-    quotes_forgotten_answer,
     record_message,
     record_notice,
     record_of,
@@ -139,11 +139,8 @@ def register_matchers(priority: int, is_command: Callable[[T_State], bool], comm
             release_arrival(event)
             logger.debug(f"memsum: not recording a message of {place.id}: mode off")
             return
-        asks = mode == "on" and (
-            isinstance(event, PrivateMessageEvent)
-            or event.is_tome()
-            or await quotes_forgotten_answer(bot, event)
-        )
+        await fill_forgotten_quote(bot, event)
+        asks = mode == "on" and (isinstance(event, PrivateMessageEvent) or event.is_tome())
         record, msg = await record_message(
             bot, event, runtime.get().onebot.arrivals.of(event), addressed=asks
         )

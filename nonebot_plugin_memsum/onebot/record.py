@@ -12,7 +12,9 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from nonebot.adapters.onebot.v11 import Bot, GroupMessageEvent, MessageEvent, NoticeEvent
+from nonebot.adapters.onebot.v11 import Bot, GroupMessageEvent, MessageEvent, MessageSegment, NoticeEvent
+from nonebot.adapters.onebot.v11 import Message as OBMessage
+from nonebot.adapters.onebot.v11.event import Reply, Sender
 from nonebot.log import logger
 
 from nonebot_plugin_memsum import clock, runtime
@@ -122,8 +124,6 @@ async def message_of(
         quoted = segments_of(event.reply.message)
         known |= names.known(bot, scope, _mentioned(quoted))
         quote = quote_marker(reply_name, sender.user_id or 0, render_segments(quoted, known))
-    elif (quoted_id := _quoted_id(segments)) is not None:
-        quote = await _stored_quote(bot, scope, quoted_id)
     body = render_segments(segments, known)
     return Message(
         role="user",
@@ -134,22 +134,6 @@ async def message_of(
         platform_id=str(event.message_id),
         addressed=addressed,
     )
-
-
-def _quoted_id(segments: Iterable[tuple[str, Mapping[str, Any]]]) -> str | None:
-    return next((str(data["id"]) for kind, data in segments if kind == "reply" and data.get("id")), None)
-
-
-async def _stored_quote(bot: Bot, scope: str, platform_id: str) -> str:
-    """The quote of a message that the implementation no longer holds (its `get_msg` failed,
-    so the adapter left `event.reply` empty: NapCat and Lagrange keep a bounded cache), from
-    the session's own store: a member's message, or an answer of the bot (`send.py` notes
-    the id it went out under); nothing when the store has not got it either."""
-    stored = await runtime.get().store.by_platform_id(scope, platform_id)
-    if stored is not None and stored.role == "assistant":
-        return quote_marker(names.bot_name(), bot.self_id, stored.content)
-    parts = unlabelled(stored.content) if stored is not None and stored.role == "user" else None
-    return "" if parts is None else quote_marker(*parts)
 
 
 def drop_foreign_quote(bot: Bot, event: MessageEvent) -> None:
@@ -171,16 +155,37 @@ def drop_foreign_quote(bot: Bot, event: MessageEvent) -> None:
         event.to_me = recovery.addresses_bot(event, bot.self_id, runtime.get().nicknames)
 
 
-async def quotes_forgotten_answer(bot: Bot, event: MessageEvent) -> bool:
-    """A reply to one of the bot's answers that the implementation no longer holds: the
-    adapter's `_check_reply` could not tell it asks the bot; the session's store can."""
+async def fill_forgotten_quote(bot: Bot, event: MessageEvent) -> None:
+    """The quote of a message the implementation no longer holds (its `get_msg` failed, so
+    the adapter left `event.reply` empty: NapCat and Lagrange keep a bounded cache), from the
+    session's own store: a member's message, or an answer of the bot (`send.py` notes the id
+    it went out under), which then asks the bot as a live reply to it does. Nothing when the
+    store has not got it either."""
     if event.reply is not None:
-        return False
-    quoted_id = _quoted_id(segments_of(event.original_message))
-    if quoted_id is None:
-        return False
+        return
+    segment = next((seg for seg in event.original_message if seg.type == "reply"), None)
+    quoted_id = str(segment.data.get("id") or "") if segment is not None else ""
+    if not quoted_id:
+        return
     stored = await runtime.get().store.by_platform_id(record_of(bot, event)[0].id, quoted_id)
-    return stored is not None and stored.role == "assistant"
+    if stored is None:
+        return
+    if stored.role == "assistant":
+        name, user_id, body = names.bot_name(), bot.self_id, stored.content
+    elif stored.role == "user" and (parts := unlabelled(stored.content)) is not None:
+        name, user_id, body = parts
+    else:
+        return
+    event.reply = Reply(
+        time=int(stored.ts or 0),
+        message_type=event.message_type,
+        message_id=int(quoted_id) if quoted_id.lstrip("-").isdigit() else 0,
+        real_id=int(quoted_id) if quoted_id.lstrip("-").isdigit() else 0,
+        sender=Sender(user_id=int(user_id), nickname=name),
+        message=OBMessage(MessageSegment.text(body)),  # as text: no CQ code in it is parsed
+    )
+    if stored.role == "assistant":
+        event.to_me = True
 
 
 def _mentioned(segments: Iterable[tuple[str, Mapping[str, Any]]]) -> list[str]:

@@ -376,7 +376,7 @@ async def _record_fetched(bot: Bot, event: MessageEvent) -> Message | None:
     """Stores a fetched message (`addressed`: it asked the bot); None when not stored."""
     from nonebot_plugin_memsum.commands import COMMAND_NAMES  # commands import this package
 
-    from .record import drop_foreign_quote, quotes_forgotten_answer, record_message
+    from .record import drop_foreign_quote, fill_forgotten_quote, record_message
 
     if str(event.user_id) == bot.self_id or (is_empty(event.original_message) and event.reply is None):
         return None  # the bot's own answer is stored as the assistant's; nothing said
@@ -385,7 +385,8 @@ async def _record_fetched(bot: Bot, event: MessageEvent) -> Message | None:
     rt = runtime.get()
     await _resolve_reply(bot, event)
     drop_foreign_quote(bot, event)
-    asks = addresses_bot(event, bot.self_id, rt.nicknames) or await quotes_forgotten_answer(bot, event)
+    await fill_forgotten_quote(bot, event)
+    asks = addresses_bot(event, bot.self_id, rt.nicknames)
     _, msg = await record_message(bot, event, addressed=asks, said_at=float(event.time), fetched=True)
     return msg
 

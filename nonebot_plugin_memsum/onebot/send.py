@@ -31,7 +31,7 @@ def replier(bot: Bot, event: MessageEvent) -> ReplyFn:
         sent = await send_reply(bot, event, text, quote=isinstance(event, GroupMessageEvent))
         if sent is not None:
             # A later reply to this answer asks the bot even after the implementation forgot
-            # it (record.py `quotes_forgotten_answer`).
+            # it (record.py `fill_forgotten_quote`).
             try:
                 await runtime.get().store.name_answer(record_of(bot, event)[0].id, text, sent)
             except StoreError as err:
