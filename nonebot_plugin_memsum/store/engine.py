@@ -485,10 +485,16 @@ def lock_key(name: str) -> int:
 
 class PostgresDb(Db):
     shared = True
+    # Seconds a statement may go unanswered. A link gone silent (a NAT or firewall that
+    # forgot the connection, a fail-over) otherwise hangs a statement for the kernel's
+    # ~15 minutes of retransmits, and every group waits behind it; a healthy server answers
+    # the slowest statement in milliseconds. Migrations run unbounded (a big first upgrade).
+    STATEMENT_TIMEOUT = 60.0
 
     def __init__(self, url: str, conn: asyncpg.Connection) -> None:
         self._url = url
         self._conn = conn
+        self._timeout: float | None = self.STATEMENT_TIMEOUT
 
     @staticmethod
     async def _connect(url: str) -> asyncpg.Connection:
@@ -516,6 +522,7 @@ class PostgresDb(Db):
         from . import postgres
 
         db = cls(url, await cls._connect(url))
+        db._timeout = None
         try:
             await postgres.migrate(db)
         except BaseException as err:
@@ -533,6 +540,7 @@ class PostgresDb(Db):
                     " owner, or GRANT CREATE ON SCHEMA public)"
                 ) from err
             raise
+        db._timeout = db.STATEMENT_TIMEOUT
         return db
 
     def _errors(self) -> tuple[type[BaseException], ...]:
@@ -548,6 +556,8 @@ class PostgresDb(Db):
         state = getattr(err, "sqlstate", None) or ""
         if not isinstance(err, asyncpg.PostgresError) or state[:2] in ("08", "57"):
             self._conn.terminate()
+        if isinstance(err, TimeoutError):
+            return StoreError(f"store {what} timed out: no answer from the server in {self._timeout:g} s")
         return StoreError(f"store {what} failed: {err}")
 
     async def ready(self) -> None:
@@ -556,20 +566,22 @@ class PostgresDb(Db):
 
     async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         try:
-            return [tuple(r) for r in await self._conn.fetch(_numbered(sql), *params)]
+            return [tuple(r) for r in await self._conn.fetch(_numbered(sql), *params, timeout=self._timeout)]
         except self._errors() as err:
             raise self._failed(err, "query") from err
 
     async def insert(self, sql: str, params: Sequence[Any]) -> int:
         try:
-            new_id = await self._conn.fetchval(_numbered(sql) + " RETURNING id", *no_nul(params))
+            new_id = await self._conn.fetchval(
+                _numbered(sql) + " RETURNING id", *no_nul(params), timeout=self._timeout
+            )
         except self._errors() as err:
             raise self._failed(err, "write") from err
         return int(cast(int, new_id))
 
     async def write(self, sql: str, params: Sequence[Any] = ()) -> None:
         try:
-            await self._conn.execute(_numbered(sql), *no_nul(params))
+            await self._conn.execute(_numbered(sql), *no_nul(params), timeout=self._timeout)
         except self._errors() as err:
             raise self._failed(err, "write") from err
 
@@ -577,7 +589,7 @@ class PostgresDb(Db):
         if not rows:
             return
         try:
-            await self._conn.executemany(_numbered(sql), rows)
+            await self._conn.executemany(_numbered(sql), rows, timeout=self._timeout)
         except self._errors() as err:
             raise self._failed(err, "write") from err
 
@@ -606,7 +618,11 @@ class PostgresDb(Db):
         # with it the lock, so no other process waits for a dead one.
         conn = await self._connect(self._url)
         try:
-            got = bool(await conn.fetchval("SELECT pg_try_advisory_lock($1)", lock_key(key)))
+            got = bool(
+                await conn.fetchval(
+                    "SELECT pg_try_advisory_lock($1)", lock_key(key), timeout=self.STATEMENT_TIMEOUT
+                )
+            )
         except self._errors() as err:
             await conn.close()
             raise StoreError(f"store query failed: {err}") from err
