@@ -133,7 +133,7 @@ def register_matchers(priority: int, is_command: Callable[[T_State], bool], comm
             mode = await runtime.get().controls.mode(place)
         except StoreError as err:  # the database cannot be reached: counted as not stored
             release_arrival(event)
-            note_refused(err)
+            note_refused(err, place.id, float(event.time))
             return
         if mode == "off":
             release_arrival(event)

@@ -69,6 +69,9 @@ async def record_message(
             # by a later one that found it done.
             async with rt.onebot.recording.hold(f"backfill:{record.id}"):
                 await recovery.wait_backfilled(bot, record.id)
+                refusals = rt.onebot.refusals
+                if record.id in refusals.places and not refusals.total:  # it stores: what it refused first
+                    await recovery.refill(bot, record.id)
         if arrival is not None:
             await rt.onebot.arrivals.wait_turn(arrival)
         # FIFO: a name look-up must not let a later message overtake.
@@ -77,22 +80,30 @@ async def record_message(
             try:
                 stored = await rt.agent.record_once(record, msg)
             except StoreError as err:
-                note_refused(err)
+                note_refused(err, record.id, msg.ts)
                 return record, None
             if rt.onebot.refusals.total:
-                logger.warning(f"memsum: messages are stored again; {rt.onebot.refusals.stored()} were not")
+                refilled = len(rt.onebot.refusals.places)
+                logger.warning(
+                    f"memsum: messages are stored again; {rt.onebot.refusals.stored()} were not"
+                    + (f"; fetching them again in {refilled} sessions" if refilled else "")
+                )
+                recovery.refill_all()
             return record, stored
     finally:
         if arrival is not None:
             rt.onebot.arrivals.done(arrival)
 
 
-def note_refused(err: StoreError) -> None:
+def note_refused(err: StoreError, session_id: str | None = None, said_at: float = 0.0) -> None:
     """One event the store refused (a full disk, a database server gone away): counted, and
-    said in the log once a minute, not with a traceback each."""
+    said in the log once a minute, not with a traceback each. A message's session is noted:
+    once the store stores again, what it said meanwhile is fetched again (recovery.refill)."""
     rt = runtime.get()
     refusals = rt.onebot.refusals
-    if refusals.refused(time.monotonic()):
+    if not rt.config.memsum_backfill_count:
+        session_id = None  # no history to fetch it from
+    if refusals.refused(time.monotonic(), session_id, said_at or clock.now()):
         logger.error(
             f"memsum: cannot store messages in the database {rt.store}: {err};"
             f" {refusals.total} not stored so far"

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from nonebot import get_driver
+from nonebot import get_bots, get_driver
 from nonebot.adapters.onebot.v11 import Adapter, Bot, GroupMessageEvent, MessageEvent, PrivateMessageEvent
 from nonebot.adapters.onebot.v11.event import Reply
 from nonebot.adapters.onebot.v11.exception import ActionFailed
@@ -306,7 +306,10 @@ async def _fetch(bot: Bot, account: Account, sid: str, last: float) -> None:
         await _resume_questions(bot, account, sid)
 
 
-async def _backfill(bot: Bot, account: Account, sid: str, last: float) -> int:
+async def _backfill(bot: Bot, account: Account, sid: str, last: float, *, questions: bool = False) -> int:
+    """Stores what the session said from `last` on; the number stored. A question stored is
+    left for `fetched_question` when nothing answers on connect (MEMSUM_RESUME_WINDOW 0) or
+    when `questions` says its live event may still come."""
     kind, target = _target(sid)
     if kind is None or HISTORY_ACTIONS[kind] in account.unsupported:
         return 0
@@ -340,9 +343,52 @@ async def _backfill(bot: Bot, account: Account, sid: str, last: float) -> int:
             stored += 1
             if msg.addressed:
                 account.asked.add(sid)
-                if not runtime.get().config.memsum_resume_window and msg.id is not None:
+                if (questions or not runtime.get().config.memsum_resume_window) and msg.id is not None:
                     account.questions[(sid, str(payload["message_id"]))] = msg.id
     return stored
+
+
+async def refill(bot: Bot, session_id: str) -> None:
+    """What the store refused of the session (a full disk, the database away), fetched again
+    now that it stores, through the backfill's path (stored once by platform id, in order).
+    The caller holds the session's backfill hold, so it goes in before the session's next
+    message. Old questions among it are stored, not answered: they were asked long ago."""
+    rt = runtime.get()
+    since = rt.onebot.refusals.places.pop(session_id, None)
+    if since is None:
+        return
+    account = account_of(bot)
+    await account.planned.wait()
+    try:
+        # Said since the refusals, the live messages still on their way too: those the
+        # fetch stores first are answered by their live event (`fetched_question`).
+        stored = await _backfill(bot, account, session_id, since, questions=True)
+    except Exception as err:
+        logger.warning(f"memsum: cannot fetch again what {session_id} said: {type(err).__name__}: {err}")
+        return
+    if stored:
+        logger.info(f"memsum: {stored} messages of {session_id} the store refused, fetched again and stored")
+
+
+def refill_all() -> None:
+    """Every session's refused messages fetched again in the background, one session at a time
+    (started once the store stores again; a session's own next message does its own first)."""
+    refusals = runtime.get().onebot.refusals
+    if refusals.places and (refusals.refilling is None or refusals.refilling.done()):
+        refusals.refilling = asyncio.create_task(_refill_all(), name="memsum-refill")
+
+
+async def _refill_all() -> None:
+    rt = runtime.get()
+    bots = get_bots()
+    while rt.onebot.refusals.places and not rt.onebot.refusals.total:
+        sid = next(iter(rt.onebot.refusals.places))
+        bot = bots.get(sid.split(":")[1]) if sid.count(":") == 3 else None
+        if not isinstance(bot, Bot):
+            rt.onebot.refusals.places.pop(sid)  # not connected: the next connect's backfill
+            continue
+        async with rt.onebot.recording.hold(f"backfill:{sid}"):
+            await refill(bot, sid)
 
 
 def fetched_question(bot: Bot, session_id: str, message_id: int) -> int | None:

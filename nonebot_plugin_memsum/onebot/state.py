@@ -135,6 +135,9 @@ class Arrivals:
 # ---- messages the store refused ---------------------------------------------------------
 REFUSALS_EVERY = 60.0
 """Seconds between two lines about messages the store keeps refusing."""
+PLACES_KEPT = 10_000
+"""Sessions whose refused messages are fetched again once the store stores (a bound on memory
+through a long outage; beyond it, the next restart's backfill is what is left)."""
 
 
 @dataclass
@@ -146,9 +149,17 @@ class Refusals:
     """Refused since the last message that was stored."""
     told: float | None = None
     """When the last line was logged (a monotonic time)."""
+    places: dict[str, float] = field(default_factory=dict)
+    """Sessions with a message refused and not fetched again yet: when the first was refused
+    (`clock.now()`); at most PLACES_KEPT, the first ones."""
+    refilling: Any = None
+    """The task fetching again what `places` lost, once the store stores (recovery.refill_all)."""
 
-    def refused(self, now: float) -> bool:
-        """One more message refused: whether to say so now (the first, then once a minute)."""
+    def refused(self, now: float, session_id: str | None = None, at: float = 0.0) -> bool:
+        """One more message refused (of `session_id`, said at `at`): whether to say so now
+        (the first, then once a minute)."""
+        if session_id is not None and (session_id in self.places or len(self.places) < PLACES_KEPT):
+            self.places.setdefault(session_id, at)
         self.total += 1
         if self.told is None or now - self.told >= REFUSALS_EVERY:
             self.told = now
