@@ -19,6 +19,9 @@ Decisions:
   older Azure api-versions and some gateways; `max_tokens` on OpenAI reasoning models;
   `reasoning_effort`) is asked again once without it, and the model is not sent it again
   for the life of the process. Usage then comes from the estimate when none is reported.
+- An error event in a stream before any answer, whose `code` is an HTTP status (llama.cpp
+  and SGLang answer 200 and then say that the prompt is longer than the context), is that
+  status's error, not a cut stream: a 400 stays a 400 (R-RUN-9's retry knows it).
 - Reasoning never reaches the caller's text: `reasoning_content` / `reasoning` and a
   leading `<think>` block go to `ChatResult.reasoning` (reasoning.py).
 - Failed calls record nothing in the ledger, except `length` stops: the model did
@@ -663,7 +666,8 @@ class SSEDecoder:
     After the WHATWG HTML standard, "Interpreting an event stream"
     (https://html.spec.whatwg.org/multipage/server-sent-events.html#event-stream-interpretation):
     a line ends at CRLF, LF or CR; `data:` lines (one space after the colon dropped) gather into
-    one event, joined by LF, until a blank line; comments (`:`) and other fields are ignored.
+    one event, joined by LF, until a blank line; comments (`:`) and other fields are ignored,
+    except llama.cpp's `error:` line (`_field_error`).
     Split on bytes and decoded per event (json.loads takes UTF-8 bytes), so a chunk boundary
     inside a line, inside a CRLF or inside a multi-byte character changes nothing, and a
     provider's one-event-per-token stream costs one split per chunk, not a text decoder and a
@@ -698,10 +702,23 @@ class SSEDecoder:
             if line.startswith(b"data:"):
                 value = line[5:]
                 self._data.append(value[1:] if value.startswith(b" ") else value)
+            elif line.startswith(b"error:"):
+                out.append(_field_error(line[6:].strip()))
             elif not line and self._data:
                 out.append(b"\n".join(self._data))
                 self._data = []
         return out
+
+
+def _field_error(value: bytes) -> bytes:
+    """llama.cpp's server before PR #16486 (October 2025) streams an error as an `error:` line,
+    no standard field, after its 200 (a prompt longer than the context, above all): given as
+    the event `{"error": …}` that other servers send as `data`."""
+    try:
+        error = json.loads(value)
+    except ValueError:
+        error = value.decode("utf-8", "replace")
+    return _dumps({"error": error or "error"})
 
 
 def _ended(line: bytes) -> bool:
@@ -719,11 +736,21 @@ def _dispatch(model: ModelConfig, acc: _Stream, payload: bytes) -> None:
         raise LLMBadResponse(f"{model.id}: unreadable stream chunk", model_id=model.id) from None
     if not isinstance(chunk, dict):
         raise LLMBadResponse(f"{model.id}: unreadable stream chunk", model_id=model.id)
-    if chunk.get("error"):
-        raise LLMStreamCut(
-            f"{model.id}: error mid-stream: {_detail(_error_text(payload), model)}",
-            model_id=model.id,
-        )
+    if error := chunk.get("error"):
+        detail = _detail(_error_text(payload), model)
+        code = error.get("code") if isinstance(error, dict) else None
+        answered = any(acc.content) or any(acc.reasoning) or acc.calls  # a role chunk's "" is none
+        if isinstance(code, int) and not isinstance(code, bool) and 400 <= code < 600 and not answered:
+            # A server that sent its 200 before it looked at the request (llama.cpp before
+            # PR #16486, SGLang before PR #21900, some gateways) says its status in the event:
+            # taken as that status, so a context too long is known as one (R-RUN-9's retry).
+            raise status_error(
+                code,
+                f"{model.id}: HTTP {code} (in the stream): {detail}",
+                model_id=model.id,
+                retry_after=None,
+            )
+        raise LLMStreamCut(f"{model.id}: error mid-stream: {detail}", model_id=model.id)
     try:
         acc.feed(chunk)
     except (LookupError, TypeError, AttributeError):

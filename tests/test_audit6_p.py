@@ -1,0 +1,239 @@
+"""Audit 6 (p): real LLM providers, as QQ-bot owners configure them.
+
+DeepSeek, DashScope/Qwen, Ollama, llama.cpp's server, vLLM/SGLang, SiliconFlow, Moonshot/Kimi,
+OpenRouter and one-api-style relays, replayed byte for byte by the scripted server through
+the real client, the real SQLite store and the real compression service: what reaches the
+group, the stored history and the summary, whether each provider's "context too long" is
+known as one (R-RUN-9's retry under the literal rule, issue 9), and the stream's edge cases.
+Each provider fixture cites where its bytes come from.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nonebot_plugin_memsum import runtime
+from nonebot_plugin_memsum.agent.turn import Entry
+from nonebot_plugin_memsum.compression.request import is_context_too_long
+from nonebot_plugin_memsum.config import Config, ModelConfig
+from nonebot_plugin_memsum.llm.client import LLMClient
+from nonebot_plugin_memsum.llm.errors import LLMBadRequest, LLMStreamCut
+from nonebot_plugin_memsum.runtime import Runtime
+from nonebot_plugin_memsum.types import Message, SessionRecord
+from tests.fakes.llm_server import Reply, ScriptedLLM
+from tests.fakes.logs import captured
+from tests.fakes.service import GROUP as SERVICE_GROUP
+from tests.fakes.service import Make, seed
+from tests.test_compression_service_request import literal_fit, measured_fit
+
+GROUP = SessionRecord(
+    id="onebot:10000:group:7", platform="onebot", kind="group", place="group:7", room_class="room"
+)
+MESSAGES = [
+    {"role": "system", "content": "你是群聊里的 AI 助手。"},
+    {"role": "user", "content": "[小明(12345)] 今天晚上一起打游戏吗？"},
+]
+APOLOGY = "抱歉，我这边出了点问题，请稍后再试。"
+
+
+@pytest.fixture(autouse=True)
+def _fresh(llm: ScriptedLLM) -> None:
+    llm.reset()
+
+
+@pytest.fixture
+def model(llm: ScriptedLLM) -> ModelConfig:
+    return ModelConfig(**llm.model_config())
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[LLMClient]:
+    async def no_wait(_: float) -> None:
+        pass
+
+    client = LLMClient(timeout=5, sleep=no_wait)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def rt(tmp_path: Path, llm: ScriptedLLM) -> AsyncIterator[Runtime]:
+    config = Config(memsum_models=[ModelConfig(**llm.model_config())], memsum_persona="你是群助手小记。")
+    built = await runtime.build(config, tmp_path / "memsum.db", ["小记"], {"10001"})
+    try:
+        yield built
+    finally:
+        await runtime.close(built)
+
+
+async def ask_in_group(rt: Runtime, text: str) -> tuple[str, list[str]]:
+    await rt.agent.record(GROUP, Message(role="user", content=f"[小明(12345)] @小记 {text}", name="12345"))
+    sent: list[str] = []
+
+    async def reply(out: str) -> None:
+        sent.append(out)
+
+    outcome = await rt.agent.run_turn(GROUP.id, reply, Entry("onebot", "group"))
+    return outcome, sent
+
+
+def sse(*events: dict[str, Any] | str, end: str = "\n") -> bytes:
+    """An SSE body: dicts as `data:` JSON, strings as they are (comments, `[DONE]`)."""
+    out = []
+    for e in events:
+        line = e if isinstance(e, str) else f"data: {json.dumps(e, ensure_ascii=False)}"
+        out.append(f"{line}{end}{end}")
+    return "".join(out).encode()
+
+
+def delta(content: str | None = None, finish: str | None = None, **extra: Any) -> dict[str, Any]:
+    d: dict[str, Any] = {} if content is None else {"content": content}
+    return {
+        "id": "gen-1",
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": {**d, **extra}, "finish_reason": finish}],
+    }
+
+
+# ---- a context too long, said after a 200 inside the stream --------------------------------------
+# llama.cpp's server before PR #16486 ("server : return HTTP 400 if prompt exceeds context length",
+# merged 2025-10-09: "In streaming mode when prompt exceeds context length, the server returns HTTP
+# 200 status code with a JSON error in the body") writes the error with its own
+# `server_sent_event(sink, "error", error_data)`, i.e. an `error: {…}` line, then `data: [DONE]`
+# (tools/server/server.cpp, handle_completions_impl); the body as oobabooga/textgen#7257 quotes it.
+LLAMACPP_STREAMED_CONTEXT_ERROR = (
+    b'error: {"code":400,"message":"the request exceeds the available context size. try increasing the'
+    b' context size or enable context shift","type":"exceed_context_size_error","n_prompt_tokens":14429,'
+    b'"n_ctx":8192}\n\ndata: [DONE]\n\n'
+)
+# SGLang before PR #21900 ("Return HTTP 400 for streaming validation errors"; sgl-project/sglang#12081:
+# "token-exceeding return 400 error code in body but 200 in http status"): a `data:` event holding
+# vLLM's ErrorResponse shape under `error`, with the message of sglang's tokenizer_manager.py.
+SGLANG_STREAMED_CONTEXT_ERROR = sse(
+    {
+        "error": {
+            "object": "error",
+            "message": "The input (9000 tokens) is longer than the model's context length (8192 tokens).",
+            "type": "BadRequestError",
+            "param": None,
+            "code": 400,
+        }
+    },
+    "data: [DONE]",
+)
+
+
+async def test_llamacpp_context_error_after_200_is_a_400_not_an_empty_answer(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig
+) -> None:
+    llm.push(Reply(raw=LLAMACPP_STREAMED_CONTEXT_ERROR))
+    with pytest.raises(LLMBadRequest) as caught:
+        await client.chat(model, MESSAGES, purpose="对话")
+    assert caught.value.status == 400
+    assert "exceeds the available context size" in str(caught.value)
+    assert is_context_too_long(caught.value.status, str(caught.value))
+    assert len(llm.requests) == 1  # a 400 is not retried
+
+
+async def test_sglang_context_error_after_200_is_a_400(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig
+) -> None:
+    llm.push(Reply(raw=SGLANG_STREAMED_CONTEXT_ERROR))
+    with pytest.raises(LLMBadRequest) as caught:
+        await client.chat(model, MESSAGES, purpose="对话")
+    assert caught.value.status == 400
+    assert "longer than the model's context length" in str(caught.value)
+
+
+async def test_a_chat_turn_against_llamacpp_context_error_apologises_and_tells_the_owner(
+    rt: Runtime, llm: ScriptedLLM
+) -> None:
+    # Before: the turn took the empty stream for an answer of nothing: no reply in the group,
+    # a "silent" marker stored, and not one line in the log.
+    llm.push(Reply(raw=LLAMACPP_STREAMED_CONTEXT_ERROR))
+    with captured("WARNING") as lines:
+        outcome, sent = await ask_in_group(rt, "在吗")
+    assert outcome == "error"
+    assert sent == [APOLOGY]
+    assert any("HTTP 400" in line and "exceeds the available context size" in line for line in lines)
+    stored = await rt.store.get_history(GROUP.id)
+    assert [m.role for m in stored] == ["user"]
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        pytest.param(Reply(raw=LLAMACPP_STREAMED_CONTEXT_ERROR), id="llama.cpp"),
+    ],
+)
+async def test_r_run_9_streamed_context_error_retries_under_the_literal_rule(
+    make: Make, reply: Reply
+) -> None:
+    window = 6000
+    env = await make(summary={"context_window": window})
+    await seed(env.rt, 80, size=80)
+    env.model.summary.append(reply)
+    result = await env.rt.compression.compress(SERVICE_GROUP.id)
+    assert result.outcome == "done"
+    first, *rest = env.model.summary_requests()
+    assert measured_fit(first, window)
+    assert not literal_fit(first, window)
+    assert rest
+    assert all(literal_fit(b, window) for b in rest)
+    assert env.failure_warnings() == []
+
+
+async def test_a_numbered_5xx_before_any_answer_is_retried_like_the_status(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig
+) -> None:
+    # OpenRouter, docs "Errors and Debugging": "the returned HTTP response status will be 200 and any
+    # error occurred while the LLM is producing the output will be emitted ... as an SSE data event",
+    # shaped {"error": {"code": number, "message": string}}; 502 "Your chosen model is down".
+    down = sse(
+        ": OPENROUTER PROCESSING",
+        {"error": {"code": 502, "message": "Provider returned error"}, "choices": []},
+        "data: [DONE]",
+    )
+    llm.push(Reply(raw=down), Reply("八点见。"))
+    result = await client.chat(model, MESSAGES, purpose="对话")
+    assert result.content == "八点见。"
+    assert len(llm.requests) == 2
+
+
+async def test_an_error_after_part_of_the_answer_stays_a_cut_and_nothing_reaches_the_group(
+    rt: Runtime, llm: ScriptedLLM
+) -> None:
+    # OpenRouter's documented mid-stream error ("Handling Errors During Streaming"): HTTP 200 already
+    # sent, a chunk with a top-level `error` and `finish_reason: "error"`.
+    body = sse(
+        ": OPENROUTER PROCESSING",
+        delta("今晚八点", role="assistant"),
+        {
+            "id": "gen-1",
+            "object": "chat.completion.chunk",
+            "error": {"code": "server_error", "message": "Provider disconnected unexpectedly"},
+            "choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}],
+        },
+    )
+    llm.push(Reply(raw=body))
+    with captured("WARNING") as lines:
+        outcome, sent = await ask_in_group(rt, "几点？")
+    assert (outcome, sent) == ("error", [APOLOGY])
+    assert any("error mid-stream" in line and "Provider disconnected" in line for line in lines)
+    assert not any("今晚八点" in m.content for m in await rt.store.get_history(GROUP.id))
+    assert len(llm.requests) == 1  # the model answered in part: not paid for twice
+
+
+async def test_a_cut_stream_error_is_not_retried_even_with_a_status_code(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig
+) -> None:
+    body = sse(delta("今晚"), {"error": {"code": 503, "message": "overloaded"}})
+    llm.push(Reply(raw=body))
+    with pytest.raises(LLMStreamCut):
+        await client.chat(model, MESSAGES, purpose="对话")
+    assert len(llm.requests) == 1
