@@ -169,6 +169,7 @@ async def test_a_chat_turn_against_llamacpp_context_error_apologises_and_tells_t
     "reply",
     [
         pytest.param(Reply(raw=LLAMACPP_STREAMED_CONTEXT_ERROR), id="llama.cpp"),
+        pytest.param(Reply(raw=SGLANG_STREAMED_CONTEXT_ERROR), id="sglang"),
     ],
 )
 async def test_r_run_9_streamed_context_error_retries_under_the_literal_rule(
@@ -237,3 +238,69 @@ async def test_a_cut_stream_error_is_not_retried_even_with_a_status_code(
     with pytest.raises(LLMStreamCut):
         await client.chat(model, MESSAGES, purpose="对话")
     assert len(llm.requests) == 1
+
+
+# ---- context too long, as more providers word it (R-RUN-9's retry) --------------------------------
+# Moonshot/Kimi: MoonshotAI/kimi-cli#2011 (400, {'error': {'message': 'Invalid request: Your request
+# exceeded model token limit: 262144 (requested: 269030)', 'type': 'invalid_request_error'}}) and
+# MoonshotAI/MoonshotAI-Cookbook#18 ('model max length exceeded, max length:8192').
+# SiliconFlow: chatboxai/chatbox#2060 (400, {"code":20015,"message":"length of prompt_tokens (68957)
+# must be less than max_seq_len (65536).","data":null}); continuedev/continue#10993 (400,
+# "max_total_tokens (33802) must be less than or equal to max_seq_len (32768)").
+# vLLM's engine: xorbitsai/inference#3785 ("The decoder prompt (length 21535) is longer than the
+# maximum model length of 16384").
+# DashScope compatible mode: "Range of input length should be [1, 30720]" (already known; kept as
+# a regression check with its InvalidParameter prefix).
+PROVIDER_CONTEXT_ERRORS = {
+    "moonshot": {
+        "error": {
+            "message": "Invalid request: Your request exceeded model token limit: 6000 (requested: 6817)",
+            "type": "invalid_request_error",
+        }
+    },
+    "moonshot-v1": {
+        "error": {"message": "model max length exceeded, max length:6000", "type": "invalid_request_error"}
+    },
+    "siliconflow": {
+        "code": 20015,
+        "message": "length of prompt_tokens (6817) must be less than max_seq_len (6000).",
+        "data": None,
+    },
+    "siliconflow-total": {
+        "code": 20015,
+        "message": "max_total_tokens (6817) must be less than or equal to max_seq_len (6000)",
+        "data": None,
+    },
+    "vllm-engine": {
+        "object": "error",
+        "message": "The decoder prompt (length 6817) is longer than the maximum model length of 6000."
+        " Make sure that `max_model_len` is no smaller than the number of text tokens.",
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
+    },
+    "dashscope": {
+        "error": {
+            "code": "invalid_parameter_error",
+            "param": None,
+            "message": "<400> InternalError.Algo.InvalidParameter: Range of input length should be [1, 6000]",
+            "type": "invalid_request_error",
+        }
+    },
+}
+
+
+@pytest.mark.parametrize("provider", sorted(PROVIDER_CONTEXT_ERRORS))
+async def test_r_run_9_each_providers_context_error_retries_under_the_literal_rule(
+    make: Make, provider: str
+) -> None:
+    window = 6000
+    env = await make(summary={"context_window": window})
+    await seed(env.rt, 80, size=80)
+    env.model.summary.append(Reply(status=400, raw=json.dumps(PROVIDER_CONTEXT_ERRORS[provider])))
+    result = await env.rt.compression.compress(SERVICE_GROUP.id)
+    assert result.outcome == "done"
+    first, *rest = env.model.summary_requests()
+    assert not literal_fit(first, window)
+    assert rest
+    assert all(literal_fit(b, window) for b in rest)

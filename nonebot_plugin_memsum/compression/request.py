@@ -128,11 +128,23 @@ def _user_message(summary: str, conversation: str, todos: str) -> str:
 # server (type `exceed_context_size_error`, "request (9412 tokens) exceeds the available
 # context size (8192 tokens), try increasing it"), Ollama ("the input length exceeds the
 # context length"), DashScope/Qwen ("Range of input length should be [1, 30720]"), and the
-# phrases crewAI's LLMContextLengthExceededException lists.
+# phrases crewAI's LLMContextLengthExceededException lists. Besides: Moonshot/Kimi ("Invalid
+# request: Your request exceeded model token limit: 262144 (requested: 269030)", MoonshotAI/
+# kimi-cli#2011; "model max length exceeded, max length:8192", MoonshotAI-Cookbook#18),
+# SiliconFlow (code 20015, "length of prompt_tokens (68957) must be less than max_seq_len
+# (65536).", chatboxai/chatbox#2060; "max_total_tokens (33802) must be less than or equal to
+# max_seq_len (32768)", continuedev/continue#10993), vLLM's engine ("The decoder prompt (length
+# 21535) is longer than the maximum model length of 16384", xorbitsai/inference#3785), SGLang
+# and Together AI ("The input (9000 tokens) is longer than the model's context length (8192
+# tokens).", sglang tokenizer_manager.py) and Gemini's OpenAI endpoint ("The input token count
+# (3377151) exceeds the maximum number of tokens allowed (1048576).").
 _CONTEXT_TOO_LONG = re.compile(
     r"context_length_exceeded|maximum context length|context length exceeded|exceed_context_size"
     r"|exceeds the available context size|input length exceeds the context length"
-    r"|range of input length|context window|too many tokens|input is too long|prompt is too long",
+    r"|range of input length|context window|too many tokens|input is too long|prompt is too long"
+    r"|exceeded model token limit|model max length exceeded|must be less than (?:or equal to )?max_seq_len"
+    r"|longer than the maximum model length|longer than the model's context length"
+    r"|exceeds the maximum number of tokens allowed",
     re.IGNORECASE,
 )
 
