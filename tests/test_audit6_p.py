@@ -21,11 +21,12 @@ from nonebot_plugin_memsum import runtime
 from nonebot_plugin_memsum.agent.turn import Entry
 from nonebot_plugin_memsum.compression.request import is_context_too_long
 from nonebot_plugin_memsum.config import Config, ModelConfig
-from nonebot_plugin_memsum.llm.client import LLMClient
-from nonebot_plugin_memsum.llm.errors import LLMBadRequest, LLMStreamCut
+from nonebot_plugin_memsum.llm.client import LLMClient, Usage
+from nonebot_plugin_memsum.llm.errors import LLMBadRequest, LLMStatusError, LLMStreamCut
 from nonebot_plugin_memsum.runtime import Runtime
+from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE
 from nonebot_plugin_memsum.types import Message, SessionRecord
-from tests.fakes.llm_server import Reply, ScriptedLLM
+from tests.fakes.llm_server import API_KEY, Reply, ScriptedLLM
 from tests.fakes.logs import captured
 from tests.fakes.service import GROUP as SERVICE_GROUP
 from tests.fakes.service import Make, seed
@@ -304,3 +305,135 @@ async def test_r_run_9_each_providers_context_error_retries_under_the_literal_ru
     assert not literal_fit(first, window)
     assert rest
     assert all(literal_fit(b, window) for b in rest)
+
+
+# ---- reasoning never reaches the group, the history nor the summary ------------------------------
+# DeepSeek deepseek-reasoner (api-docs.deepseek.com/guides/reasoning_model): `reasoning_content`
+# deltas before `content` ones, usage with prompt_cache_hit_tokens in the last chunk (choices: []).
+async def test_r_run_7_a_summary_whose_reasoning_talks_in_section_headings_stores_the_content_only(
+    rt: Runtime, llm: ScriptedLLM
+) -> None:
+    for i in range(4):
+        await rt.agent.record(GROUP, Message(role="user", content=f"[小明(12345)] 第{i}句", name="12345"))
+    summary = "【最近在聊什么】\n小明在数数\n【谁有问题没回应】\n无\n【关键原话要点】\n无"
+    thought = "先列【最近在聊什么】\n草稿：小红在唱歌\n【保留原文】\n#1 #2 #3 #4"
+    llm.push(Reply(f"{summary}\n【保留原文】\n无", reasoning=thought))
+    await rt.compression.compress(GROUP.id)
+    stored = await rt.store.get_meta(SUMMARY_NAMESPACE, GROUP.id)
+    assert stored is not None
+    assert stored["text"] == summary
+    history = await rt.store.get_history(GROUP.id)
+    assert not any("小红在唱歌" in m.content for m in history)
+    assert not any(m.content.startswith("[小明(12345)] 第") for m in history)  # none kept verbatim
+
+
+async def test_a_reasoner_answer_in_qq_and_its_estimate_hold_no_thinking(
+    rt: Runtime, llm: ScriptedLLM
+) -> None:
+    thought = "他问几点，我查一下……" * 50
+    llm.push(Reply("八点见。", reasoning=thought, usage=None))
+    outcome, sent = await ask_in_group(rt, "几点？")
+    assert (outcome, sent) == ("replied", ["八点见。"])
+    answer = (await rt.store.get_history(GROUP.id))[-1]
+    assert answer.content == "八点见。"
+    # The stored estimate (what the next prompt is sized by) is of the answer alone.
+    assert answer.tokens is not None
+    assert answer.tokens < 20
+    # The ledger counts the thinking, which the provider bills.
+    await rt.store.flush_ledger()
+    totals = await rt.store.usage_totals(GROUP.id)
+    assert totals["对话"][1] > 100
+
+
+# ---- the stream's edge cases, as real providers send them ---------------------------------------
+async def test_openrouter_comments_crlf_usage_after_empty_choices_split_utf8(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig
+) -> None:
+    # OpenRouter's keep-alive comments (docs "Streaming": ": OPENROUTER PROCESSING"), an Azure-style
+    # first chunk with `choices: []` (prompt_filter_results), the finish reason only in the last
+    # content chunk, usage in a final chunk with empty choices (OpenAI `stream_options.include_usage`),
+    # CRLF line ends, and 5-byte HTTP chunks that split every CJK character's UTF-8 bytes.
+    body = sse(
+        ": OPENROUTER PROCESSING",
+        {"id": "gen-1", "object": "chat.completion.chunk", "choices": [], "prompt_filter_results": []},
+        delta("", role="assistant"),
+        ": OPENROUTER PROCESSING",
+        delta("今晚八点，"),
+        delta("老地方见🎮", finish="stop"),
+        {
+            "id": "gen-1",
+            "choices": [],
+            "usage": {"prompt_tokens": 52, "completion_tokens": 9, "total_tokens": 61},
+        },
+        "data: [DONE]",
+        end="\r\n",
+    )
+    llm.push(Reply(raw=body, raw_chunk_bytes=5))
+    result = await client.chat(model, MESSAGES, purpose="对话")
+    assert result.content == "今晚八点，老地方见🎮"
+    assert (result.finish_reason, result.usage) == ("stop", Usage(52, 9))
+
+
+async def test_dashscope_asked_for_usage_and_reports_it_without_done_missing(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig
+) -> None:
+    # DashScope compatible mode (help.aliyun.com, "OpenAI 兼容-Chat"): usage only when
+    # stream_options.include_usage is set, then in a last chunk with "choices": [].
+    llm.push(Reply("好的", usage={"prompt_tokens": 30, "completion_tokens": 2, "total_tokens": 32}))
+    result = await client.chat(model, MESSAGES, purpose="对话")
+    assert llm.requests[-1]["stream_options"] == {"include_usage": True}
+    assert result.usage == Usage(30, 2)
+
+
+# ---- relays: HTML 502 pages, plain text, 429 with Retry-After, a wrong key -----------------------
+# one-api / new-api behind nginx: nginx's own 502 page when the upstream is down.
+NGINX_502 = (
+    "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway"
+    "</h1></center>\r\n<hr><center>nginx/1.24.0</center>\r\n</body>\r\n</html>\r\n"
+)
+
+
+async def test_a_relays_html_502_is_retried_then_answers(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig
+) -> None:
+    llm.push(Reply(status=502, raw=NGINX_502, headers={"Content-Type": "text/html"}), Reply("好的"))
+    assert (await client.chat(model, MESSAGES, purpose="对话")).content == "好的"
+    assert len(llm.requests) == 2
+
+
+async def test_a_429_retry_after_is_waited_for(llm: ScriptedLLM, model: ModelConfig) -> None:
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    client = LLMClient(timeout=5, sleep=sleep)
+    try:
+        # new-api's quota message, in its OpenAI-shaped body, with the Retry-After it relays.
+        body = json.dumps(
+            {"error": {"message": "当前分组上游负载已饱和，请稍后再试", "type": "new_api_error"}}
+        )
+        llm.push(Reply(status=429, raw=body, headers={"Retry-After": "3"}), Reply("好的"))
+        assert (await client.chat(model, MESSAGES, purpose="对话")).content == "好的"
+    finally:
+        await client.aclose()
+    assert waits == [3.0]
+
+
+async def test_a_wrong_key_at_a_relay_is_logged_without_the_key(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig
+) -> None:
+    # one-api's 401 for an unknown token echoes it (songquanpeng/one-api middleware/auth.go:
+    # "无效的令牌" in an OpenAI-shaped error); here with the whole key, as a careless relay would.
+    body = json.dumps(
+        {"error": {"message": f"无效的令牌 {API_KEY} (request id: 2024)", "type": "one_api_error"}}
+    )
+    llm.push(Reply(status=401, raw=body))
+    with captured("INFO") as lines, pytest.raises(LLMStatusError) as caught:
+        await client.chat(model, MESSAGES, purpose="对话")
+    assert caught.value.status == 401
+    assert "无效的令牌" in str(caught.value)
+    assert API_KEY not in str(caught.value)
+    assert lines
+    assert not any(API_KEY in line for line in lines)
+    assert len(llm.requests) == 1  # a wrong key is not asked again
