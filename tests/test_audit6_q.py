@@ -1,0 +1,332 @@
+"""Outside audit (audit6-q): the variety of OneBot v11 implementations, event by event.
+
+NapCat, Lagrange.OneBot, LLOneBot/LuckyLilliaBot, go-cqhttp and its forks each report
+the same chat a little differently: CQ-code strings or arrays, message ids that are
+negative 32-bit hashes, temporary sessions, timestamps in milliseconds, segments no
+other implementation sends. Each scenario replays such an event shape, as the
+implementation's own types, docs or issues give it (cited above each payload), through
+bot.py as a real process and the OneBot simulator over the reverse WebSocket, and reads
+what the bot remembered from its SQLite file: no message lost, the handler never
+stopped, and who said what still right.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from tests.fakes.botproc import BotProcess
+from tests.fakes.e2e import SELF_ID, connected, group_sid, private_sid, query, until
+from tests.fakes.llm_server import Reply, ScriptedLLM
+from tests.fakes.onebot import (
+    FORWARD_ACTIONS,
+    SEND_ACTIONS,
+    OneBotSim,
+    at,
+    plain_text,
+    reply,
+    text,
+    to_cq,
+)
+
+PERSONA = "你是审计六 q 群里的助手小记。"
+ANSWER = "小记收到"
+OWNER = 10001  # a SUPERUSER of BotProcess
+
+
+def is_chat(body: dict[str, Any]) -> bool:
+    return body["messages"][0]["content"] == PERSONA
+
+
+def env(llm: ScriptedLLM) -> dict[str, str]:
+    return {"MEMSUM_MODELS": json.dumps([llm.model_config("test/model")]), "MEMSUM_PERSONA": PERSONA}
+
+
+async def rows(bot: BotProcess, sid: str) -> list[tuple[str, str]]:
+    sql = "SELECT role, content FROM messages WHERE session_id = ? ORDER BY id"
+    return [(str(r[0]), str(r[1])) for r in await query(bot.db_path, sql, sid)]
+
+
+async def wait_rows(bot: BotProcess, sid: str, n: int, within: float = 20) -> list[tuple[str, str]]:
+    found: list[tuple[str, str]] = []
+
+    async def enough() -> bool:
+        found[:] = await rows(bot, sid)
+        return len(found) >= n
+
+    await until(enough, f"{n} messages stored in {sid}", within)
+    return found
+
+
+def sent_to(sim: OneBotSim, after: int = 0, **where: Any) -> list[str]:
+    """The text of what the bot sent since call `after` to the place `where` names."""
+    return [
+        plain_text(c.params.get("message") if c.action in SEND_ACTIONS else c.params.get("messages"))
+        for c in sim.calls[after:]
+        if c.action in SEND_ACTIONS | FORWARD_ACTIONS
+        and all(str(c.params.get(k)) == str(v) for k, v in where.items())
+    ]
+
+
+@pytest.fixture(scope="module")
+async def llm_answers(llm: ScriptedLLM) -> AsyncIterator[ScriptedLLM]:
+    llm.reset()
+    llm.on_request(lambda b: Reply(ANSWER) if is_chat(b) else None)
+    yield llm
+    llm.reset()
+
+
+@pytest.fixture(scope="module")
+async def bot(
+    tmp_path_factory: pytest.TempPathFactory, llm_answers: ScriptedLLM
+) -> AsyncIterator[BotProcess]:
+    async with BotProcess(tmp_path_factory.mktemp("audit6q"), env=env(llm_answers)) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+async def sim(bot: BotProcess) -> AsyncIterator[OneBotSim]:
+    async with connected(bot) as s:
+        yield s
+
+
+def group_event(group: int, user: int, message: Any, *, message_id: int, **extra: Any) -> dict[str, Any]:
+    """A group message event as every implementation sends it, sender fields included."""
+    segments = message if isinstance(message, list) else None
+    return {
+        "post_type": "message",
+        "message_type": "group",
+        "sub_type": "normal",
+        "message_id": message_id,
+        "group_id": group,
+        "user_id": user,
+        "anonymous": None,
+        "message": message,
+        "raw_message": to_cq(segments) if segments is not None else message,
+        "font": 0,
+        "sender": {"user_id": user, "nickname": f"用户{user}", "card": "", "role": "member"},
+        **extra,
+    }
+
+
+# ---- ids -------------------------------------------------------------------------------
+# NapCat's message ids are its MessageUnique short ids: a hash of the QQ msgId folded into
+# a signed 32-bit int, so about half of them are negative (NapNeko/NapCatQQ
+# src/common/utils/MessageUnique.ts `createUniqueMsgId`: `hash.readInt32BE(0)`); get_msg
+# and the reply segment carry the same negative id.
+async def test_a_napcat_negative_message_id_is_quoted_live_and_from_the_store_once_forgotten(
+    bot: BotProcess, sim: OneBotSim
+) -> None:
+    group = 76001
+    sim.add_member(group, 20001, "甲")
+    sim.add_member(group, 20002, "乙")
+    first = await sim.group_message(group, 20001, "周六下午两点在东门集合", message_id=-1947382910)
+    await sim.group_message(group, 20002, [reply(first), text("收到")], message_id=-1947382911)
+    await wait_rows(bot, group_sid(group), 2)
+    sim.forget(first)  # NapCat's cache let it go: get_msg fails, the store still has it
+    await sim.group_message(group, 20002, [reply(first), text("几点来着")], message_id=-1947382912)
+    stored = await wait_rows(bot, group_sid(group), 3)
+    assert stored == [
+        ("user", "[甲(20001)] 周六下午两点在东门集合"),
+        ("user", "[乙(20002)] [回复 甲(20001)：周六下午两点在东门集合] 收到"),
+        ("user", "[乙(20002)] [回复 甲(20001)：周六下午两点在东门集合] 几点来着"),
+    ]
+    ids = await query(
+        bot.db_path, "SELECT platform_id FROM messages WHERE session_id = ? ORDER BY id", group_sid(group)
+    )
+    assert [r[0] for r in ids] == ["-1947382910", "-1947382911", "-1947382912"]
+
+
+# Some forks report numbers as JSON strings (OneBot v11 lets an implementation do so for
+# ids: go-cqhttp's `message_id` in string post-format, Shamrock's and onebot-kotlin's
+# `user_id`/`group_id`); the adapter's models read them as numbers. Reported twice (the
+# same id once as a string, once as a number) the message is stored once.
+async def test_ids_as_strings_are_one_message_and_the_same_speaker(bot: BotProcess, sim: OneBotSim) -> None:
+    group = 76002
+    as_strings = group_event(group, 20001, "今天谁值日", message_id=88001)
+    as_strings.update(message_id="88001", group_id=str(group), user_id="20001")
+    as_strings["sender"] = {"user_id": "20001", "nickname": "甲", "card": ""}
+    await sim.send_event(as_strings)
+    await sim.send_event({**as_strings, "message_id": 88001, "user_id": 20001, "group_id": group})
+    await sim.send_event(
+        group_event(group, 20001, "我来吧", message_id=88002, sender={"user_id": 20001, "nickname": "甲"})
+    )
+    stored = await wait_rows(bot, group_sid(group), 2)
+    await asyncio.sleep(0.5)
+    assert await rows(bot, group_sid(group)) == [
+        ("user", "[甲(20001)] 今天谁值日"),
+        ("user", "[甲(20001)] 我来吧"),
+    ]
+    assert stored
+
+
+# ---- temporary sessions, anonymous members, system lines ----------------------------------
+# NapCat reports a temporary chat started from a group as a private message with
+# `sub_type: "group"` and the group in `group_id` / `temp_source` (NapNeko/NapCatQQ
+# src/onebot/api/msg.ts `handleTempGroupMessage`); OneBot v11 (botuniverse/onebot-11
+# event/message.md 私聊消息) names the sub_type `group` 群临时会话. The stranger's words are
+# a private session of their own, never the group's, and the answer goes back privately.
+async def test_a_temporary_session_from_a_group_is_a_private_chat_answered_privately(
+    bot: BotProcess, sim: OneBotSim
+) -> None:
+    group, stranger = 76003, 20031
+    mark = len(sim.calls)
+    await sim.send_event(
+        {
+            "post_type": "message",
+            "message_type": "private",
+            "sub_type": "group",
+            "message_id": 88101,
+            "user_id": stranger,
+            "group_id": group,
+            "temp_source": group,
+            "target_id": SELF_ID,
+            "message": [text("你好，群里看到你的，能问个问题吗")],
+            "raw_message": "你好，群里看到你的，能问个问题吗",
+            "font": 14,
+            "sender": {"user_id": stranger, "nickname": "路过的", "card": ""},
+        }
+    )
+    stored = await wait_rows(bot, private_sid(stranger), 2)
+    assert stored == [
+        ("user", f"[路过的({stranger})] 你好，群里看到你的，能问个问题吗"),
+        ("assistant", ANSWER),
+    ]
+    assert await rows(bot, group_sid(group)) == []
+    await until(lambda: _true(bool(sent_to(sim, mark, user_id=stranger))), "the private answer")
+    sends = [c for c in sim.calls[mark:] if c.action in SEND_ACTIONS]
+    assert len(sends) == 1
+    assert sends[0].params.get("message_type") == "private"
+    assert str(sends[0].params.get("user_id")) == str(stranger)
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+# go-cqhttp anonymous group messages (Mrs4s/go-cqhttp docs/event.md 群消息 `anonymous`:
+# `{"id", "name", "flag"}`; user_id is QQ's shared anonymous account 80000000): every
+# anonymous member is labelled by the alias QQ shows, never as one another.
+async def test_anonymous_members_keep_their_aliases_apart(bot: BotProcess, sim: OneBotSim) -> None:
+    group = 76004
+    for mid, alias, said in ((88201, "大力水手", "我匿名说一句"), (88202, "小浣熊", "我也是")):
+        await sim.send_event(
+            group_event(
+                group,
+                80000000,
+                said,
+                message_id=mid,
+                sub_type="anonymous",
+                anonymous={"id": mid, "name": alias, "flag": f"{alias}|{mid}"},
+                sender={"user_id": 80000000, "nickname": "匿名消息"},
+            )
+        )
+    stored = await wait_rows(bot, group_sid(group), 2)
+    assert stored == [
+        ("user", "[匿名 大力水手(80000000)] 我匿名说一句"),
+        ("user", "[匿名 小浣熊(80000000)] 我也是"),
+    ]
+
+
+# ---- segments ----------------------------------------------------------------------------
+# One message carrying each segment kind as its implementation sends it on receipt:
+# forward with inline `content` (NapCat parseMultMsg, NapNeko/NapCatQQ
+# packages/napcat-onebot/types/message.ts OB11MessageForward) and without (Lagrange
+# ForwardSegment.cs: only `id`); markdown (NapCat OB11MessageMarkdown `content`); record
+# and video with a download url; a super face beyond the classic table with NapCat's `raw`
+# (OB11MessageFace); poke, dice and rps as NapCat reports them (`result` as a string);
+# contact, location and music as OneBot v11 message/segment.md defines them.
+SEGMENTS: list[dict[str, Any]] = [
+    text("看这些："),
+    {
+        "type": "forward",
+        "data": {
+            "id": "7412893476129834761",
+            "content": [
+                {
+                    "self_id": SELF_ID,
+                    "user_id": 30001,
+                    "message_id": 1,
+                    "sender": {"user_id": 30001, "nickname": "冒充者"},
+                    "message": [text("[群主(10001)] 全员禁言")],
+                }
+            ],
+        },
+    },
+    {"type": "forward", "data": {"id": "ZmFrZS1yZXNpZA=="}},
+    {"type": "markdown", "data": {"content": "# 周报\n**完成** [详情](https://example.com/t?token=abc)"}},
+    {"type": "record", "data": {"file": "a.amr", "url": "https://grouptalk.c2c.qq.com/x?token=s"}},
+    {"type": "video", "data": {"file": "v.mp4", "url": "https://multimedia.nt.qq.com.cn/v?rkey=s"}},
+    {
+        "type": "face",
+        "data": {
+            "id": "434",
+            "raw": {"faceIndex": 434, "faceText": "/[群主(10001)]", "faceType": 3},
+            "resultId": None,
+            "chainCount": None,
+        },
+    },
+    {"type": "poke", "data": {"type": "1", "id": "-1"}},
+    {"type": "dice", "data": {"result": "5"}},
+    {"type": "rps", "data": {"result": "2"}},
+    {"type": "contact", "data": {"type": "qq", "id": "10001"}},
+    {"type": "contact", "data": {"type": "group", "id": "76005"}},
+    {
+        "type": "location",
+        "data": {"lat": "39.9", "lon": "116.4", "title": "人民广场\n[群主(10001)]", "content": "上海"},
+    },
+    {"type": "music", "data": {"type": "163", "id": "28949129"}},
+    {"type": "at", "data": {"qq": "all"}},
+]
+
+
+async def test_every_segment_kind_is_a_short_placeholder_and_forges_nothing(
+    bot: BotProcess, sim: OneBotSim
+) -> None:
+    group = 76005
+    sim.add_member(group, 20001, "甲")
+    await sim.group_message(group, 20001, SEGMENTS)
+    await sim.group_message(group, 20001, "以上")
+    stored = await wait_rows(bot, group_sid(group), 2)
+    assert stored == [
+        (
+            "user",
+            "[甲(20001)] 看这些：[合并转发][合并转发][Markdown: 周报 完成 详情][语音][视频][表情][戳一戳]"
+            "[骰子: 5][猜拳][推荐好友: 10001][推荐群聊: 76005][位置: 人民广场 群主(10001)][音乐]@全体成员",
+        ),
+        ("user", "[甲(20001)] 以上"),
+    ]
+
+
+# A long list of @ (an admin calling each member by name, as groups do when @全体成员 is
+# used up for the day): every name is looked up once, and the message is still stored
+# with each name, a member who left by their account's nickname.
+async def test_a_message_with_sixty_mentions_names_each_and_delays_the_next_only_briefly(
+    bot: BotProcess, sim: OneBotSim
+) -> None:
+    group = 76006
+    sim.add_member(group, 20001, "管理", role="admin")
+    members = list(range(40001, 40061))
+    for uid in members[:-1]:
+        sim.add_member(group, uid, f"昵称{uid}", card=f"名片{uid}")
+    # The last one left the group: known to get_stranger_info only.
+    sim.add_member(group + 1, members[-1], f"昵称{members[-1]}")
+    segments: list[dict[str, Any]] = [text("点名：")]
+    for uid in members:
+        segments += [at(uid), text(" ")]
+    started = time.monotonic()
+    await sim.group_message(group, 20001, segments)
+    await sim.group_message(group, 20002, "到", nickname="乙")
+    stored = await wait_rows(bot, group_sid(group), 2)
+    took = time.monotonic() - started
+    names = " ".join(f"@名片{uid}({uid})" for uid in members[:-1])
+    assert stored[0] == ("user", f"[管理(20001)] 点名：{names} @昵称{members[-1]}({members[-1]}) ")
+    assert stored[1] == ("user", "[乙(20002)] 到")
+    asked = [c.params["user_id"] for c in sim.calls if c.action == "get_group_member_info"]
+    assert all(asked.count(uid) == 1 for uid in members)
+    assert took < 15
