@@ -330,3 +330,61 @@ async def test_a_message_with_sixty_mentions_names_each_and_delays_the_next_only
     asked = [c.params["user_id"] for c in sim.calls if c.action == "get_group_member_info"]
     assert all(asked.count(uid) == 1 for uid in members)
     assert took < 15
+
+
+# ---- string post-format -------------------------------------------------------------------
+# go-cqhttp with `post-format: string` (Mrs4s/go-cqhttp docs/config.md; coolq/api.go
+# CQGetMessage answers `message` through the same formatter as the events, a CQ string):
+# the quote of a reply and the excerpt of an essence notice come from get_msg, as a string.
+async def test_go_cqhttp_string_format_get_msg_still_gives_the_quote_and_the_essence_excerpt(
+    bot: BotProcess, sim: OneBotSim
+) -> None:
+    group = 76007
+    sim.add_member(group, 20001, "甲")
+    sim.add_member(group, 20002, "管理", role="admin")
+    said = "明天&#91;上午&#93;九点 [CQ:at,qq=20002] 来开会"
+    first = 88301
+    # As go-cqhttp's event and get_msg carry it: the message as a CQ string.
+    sim.responders["get_msg"] = lambda p: {
+        "time": int(time.time()),
+        "message_type": "group",
+        "message_id": int(p["message_id"]),
+        "real_id": 1,
+        "sender": {"user_id": 20001, "nickname": "甲"},
+        "message": said,
+        "raw_message": said,
+    }
+    try:
+        await sim.send_event(
+            group_event(group, 20001, said, message_id=first, sender={"user_id": 20001, "nickname": "甲"})
+        )
+        await sim.send_event(
+            group_event(
+                group,
+                20002,
+                f"[CQ:reply,id={first}]好的",
+                message_id=88302,
+                sender={"user_id": 20002, "nickname": "管理"},
+            )
+        )
+        # go-cqhttp essence notice (docs/event.md 精华消息变更).
+        await sim.send_event(
+            {
+                "post_type": "notice",
+                "notice_type": "essence",
+                "sub_type": "add",
+                "group_id": group,
+                "sender_id": 20001,
+                "operator_id": 20002,
+                "message_id": first,
+            }
+        )
+        stored = await wait_rows(bot, group_sid(group), 3)
+    finally:
+        del sim.responders["get_msg"]
+        sim.responders["get_msg"] = sim._get_msg
+    assert stored == [
+        ("user", "[甲(20001)] 明天[上午]九点 @管理(20002) 来开会"),
+        ("user", "[管理(20002)] [回复 甲(20001)：明天〔上午〕九点 @管理(20002) 来开会] 好的"),
+        ("notice", "管理(20002) 把 甲(20001) 的一条消息设为精华：「明天[上午]九点 @管理(20002) 来开会」"),
+    ]

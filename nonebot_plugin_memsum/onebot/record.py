@@ -269,7 +269,11 @@ async def _essence_excerpt(bot: Bot, scope: str, payload: Mapping[str, Any], kno
         return ""
     try:
         found = await bot.get_msg(message_id=int(payload["message_id"]))
-        segments = [(str(s.get("type")), s.get("data") or {}) for s in found.get("message") or []]
+        said = found.get("message") or []
+        if isinstance(said, str):  # go-cqhttp's `post-format: string` answers get_msg in CQ codes too
+            segments = segments_of(OBMessage(said))
+        else:
+            segments = [(str(s.get("type")), s.get("data") or {}) for s in said]
     except Exception as err:
         logger.debug(f"memsum: essence message not available: {err}")
         return ""
