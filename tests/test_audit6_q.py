@@ -16,12 +16,13 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.fakes.botproc import BotProcess
-from tests.fakes.e2e import SELF_ID, connected, group_sid, private_sid, query, until
+from tests.fakes.e2e import SELF_ID, connected, group_sid, private_sid, query, until, wait_log
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.onebot import (
     FORWARD_ACTIONS,
@@ -388,3 +389,43 @@ async def test_go_cqhttp_string_format_get_msg_still_gives_the_quote_and_the_ess
         ("user", "[管理(20002)] [回复 甲(20001)：明天〔上午〕九点 @管理(20002) 来开会] 好的"),
         ("notice", "管理(20002) 把 甲(20001) 的一条消息设为精华：「明天[上午]九点 @管理(20002) 来开会」"),
     ]
+
+
+# ---- timestamps in milliseconds -------------------------------------------------------------
+# LLOneBot 3.10 reported 13-digit millisecond timestamps (LLOneBot/LuckyLilliaBot issue #95,
+# 「llob上报13位时间戳」), as cqhttp-mirai did (yyuueexxiinngg/onebot-kotlin issue #70); its
+# history action answers each message with the same `time`. What the bot fetches on
+# reconnect is dated by that time: it must still be a date of this century, so /回忆 can
+# show it and the next reconnect's backfill still knows where the session left off.
+async def test_history_in_milliseconds_is_dated_in_seconds_and_recall_still_shows_it(
+    tmp_path: Path,
+) -> None:
+    group = 76010
+    async with BotProcess(tmp_path / "bot", log_level="INFO") as bot:
+        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+        sim.history_like("llonebot")
+        await sim.connect()
+        await wait_log(bot, f"Bot {SELF_ID} connected")
+        sim.add_member(group, 20001, "甲")
+        sim.add_member(group, OWNER, "群主", role="owner")
+        await sim.group_message(group, 20001, "我先下了")
+        await wait_rows(bot, group_sid(group), 1)
+        await sim.close()
+        # Said while the bot was away, kept by the implementation with millisecond times.
+        away = await sim.group_message(group, 20001, "网盘提取码是 8d3k，周五前有效")
+        sim.messages[away].time = int(time.time() * 1000)
+        await sim.connect()
+        await wait_log(bot, f"Bot {SELF_ID} connected")
+        await wait_rows(bot, group_sid(group), 2)
+        ts = await query(
+            bot.db_path, "SELECT ts FROM messages WHERE session_id = ? ORDER BY id", group_sid(group)
+        )
+        assert abs(float(ts[-1][0]) - time.time()) < 120
+        mark = len(sim.calls)
+        await sim.group_message(group, OWNER, "/回忆 提取码")
+        await until(lambda: _true(bool(sent_to(sim, mark, group_id=group))), "the recall answer")
+        answer = sent_to(sim, mark, group_id=group)[0]
+        assert "网盘提取码是 8d3k" in answer
+        assert time.strftime("%Y-%m-%d") in answer
+        assert "Traceback" not in bot.log()
+        await sim.close()

@@ -160,11 +160,23 @@ def next_session(todo: dict[str, float], wanted: dict[str, None]) -> tuple[str, 
     return None
 
 
-def _time(payload: Mapping[str, Any]) -> float:
+MILLISECONDS = 1e11
+"""A platform time beyond this (the year 5138 in seconds) is in milliseconds: LLOneBot 3.10
+(LLOneBot/LuckyLilliaBot issue #95) and cqhttp-mirai (yyuueexxiinngg/onebot-kotlin issue
+#70) sent 13-digit times."""
+
+
+def platform_time(value: Any) -> float:
+    """An implementation's `time` in seconds, whether it sent seconds or milliseconds; 0 when unusable."""
     try:
-        return float(payload.get("time") or 0)
+        seconds = float(value or 0)
     except (TypeError, ValueError):
         return 0.0
+    return seconds / 1000 if seconds > MILLISECONDS else seconds
+
+
+def _time(payload: Mapping[str, Any]) -> float:
+    return platform_time(payload.get("time"))
 
 
 def addresses_bot(event: MessageEvent, self_id: str, nicknames: Iterable[str]) -> bool:
@@ -433,7 +445,7 @@ async def _record_fetched(bot: Bot, event: MessageEvent) -> Message | None:
     drop_foreign_quote(bot, event)
     await fill_forgotten_quote(bot, event)
     asks = addresses_bot(event, bot.self_id, rt.nicknames)
-    _, msg = await record_message(bot, event, addressed=asks, said_at=float(event.time), fetched=True)
+    _, msg = await record_message(bot, event, addressed=asks, said_at=platform_time(event.time), fetched=True)
     return msg
 
 
