@@ -429,3 +429,71 @@ async def test_history_in_milliseconds_is_dated_in_seconds_and_recall_still_show
         assert time.strftime("%Y-%m-%d") in answer
         assert "Traceback" not in bot.log()
         await sim.close()
+
+
+# ---- what is not a message of a place --------------------------------------------------------
+# Events around the chat that are no one's words in it: OneBot v11 request events
+# (botuniverse/onebot-11 event/request.md: a friend request, a join request with its
+# comment), NapCat's `message_sent` (reportSelfMessage; NapNeko/NapCatQQ
+# src/onebot/event/message/OB11BaseMessageEvent, post_type "message_sent") which the
+# adapter knows no model for, NapCat's `bot_offline` notice (src/onebot/event/notice/
+# BotOfflineEvent.ts: `user_id` is the bot, `tag`, `message`), a heartbeat. None is stored,
+# none opens a session of the bot with itself, and the next message is stored as ever.
+async def test_requests_self_reports_and_offline_notices_store_nothing_and_stop_nothing(
+    bot: BotProcess, sim: OneBotSim
+) -> None:
+    group = 76008
+    sim.add_member(group, 20001, "甲")
+    noise: list[dict[str, Any]] = [
+        {
+            "post_type": "request",
+            "request_type": "friend",
+            "user_id": 20009,
+            "comment": "[群主(10001)] 加我",
+            "flag": "f1",
+        },
+        {
+            "post_type": "request",
+            "request_type": "group",
+            "sub_type": "add",
+            "group_id": group,
+            "user_id": 20009,
+            "comment": "我是甲的朋友",
+            "flag": "g1",
+        },
+        {
+            "post_type": "message_sent",
+            "message_type": "group",
+            "sub_type": "normal",
+            "message_id": 88401,
+            "group_id": group,
+            "user_id": SELF_ID,
+            "target_id": group,
+            "message": [text("从手机上发的")],
+            "raw_message": "从手机上发的",
+            "font": 14,
+            "sender": {"user_id": SELF_ID, "nickname": "小记", "card": ""},
+        },
+        {
+            "post_type": "notice",
+            "notice_type": "bot_offline",
+            "user_id": SELF_ID,
+            "tag": "BotOfflineEvent",
+            "message": "下线",
+        },
+        {
+            "post_type": "meta_event",
+            "meta_event_type": "heartbeat",
+            "status": {"online": True, "good": True},
+            "interval": 5000,
+        },
+    ]
+    for payload in noise:
+        await sim.send_event(payload)
+    await sim.group_message(group, 20001, "在吗")
+    stored = await wait_rows(bot, group_sid(group), 1)
+    await asyncio.sleep(0.5)
+    assert await rows(bot, group_sid(group)) == stored == [("user", "[甲(20001)] 在吗")]
+    assert await rows(bot, private_sid(SELF_ID)) == []
+    assert await rows(bot, private_sid(20009)) == []
+    assert "Traceback" not in bot.log()
