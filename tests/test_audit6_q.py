@@ -497,3 +497,29 @@ async def test_requests_self_reports_and_offline_notices_store_nothing_and_stop_
     assert await rows(bot, private_sid(SELF_ID)) == []
     assert await rows(bot, private_sid(20009)) == []
     assert "Traceback" not in bot.log()
+
+
+# Message id 0 is no message: Lagrange answered send_msg with `message_id: 0`
+# (LagrangeDev/Lagrange.Core issue #94) and reports the reply segment of a private reply
+# with id 0 (issue #847, 「私聊回复消息id为0」); NapCat answers 0 when it cannot make an id
+# for what it sent (NapNeko/NapCatQQ src/onebot/action/msg/SendMsg.ts `returnMsg!.id = 0`).
+# A reply whose quoted id is 0 quotes nothing anyone can know: it is recorded without a
+# quote, never as a quote of whatever the bot last sent under id 0.
+async def test_a_reply_to_message_id_0_quotes_nothing_rather_than_the_bots_last_answer(
+    bot: BotProcess, sim: OneBotSim
+) -> None:
+    peer = 20041
+    sim.responders["send_msg"] = lambda p: {**sim._send_msg(p), "message_id": 0}
+    try:
+        await sim.private_message(peer, "我的快递单号是 SF1234567", nickname="阿明")
+        await wait_rows(bot, private_sid(peer), 2)
+        await until(lambda: _true(bool(sent_to(sim, 0, user_id=peer))), "the first answer")
+        await sim.private_message(peer, [reply(0), text("刚才那个单号帮我记一下")], nickname="阿明")
+        stored = await wait_rows(bot, private_sid(peer), 3)
+    finally:
+        sim.responders["send_msg"] = sim._send_msg
+    assert stored[:3] == [
+        ("user", f"[阿明({peer})] 我的快递单号是 SF1234567"),
+        ("assistant", ANSWER),
+        ("user", f"[阿明({peer})] 刚才那个单号帮我记一下"),
+    ]

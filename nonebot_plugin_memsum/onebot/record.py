@@ -176,7 +176,7 @@ async def fill_forgotten_quote(bot: Bot, event: MessageEvent) -> None:
         return
     segment = next((seg for seg in event.original_message if seg.type == "reply"), None)
     quoted_id = str(segment.data.get("id") or "") if segment is not None else ""
-    if not quoted_id:
+    if quoted_id in ("", "0"):  # 0 is no message: Lagrange's reply id in a private chat (issue #847)
         return
     stored = await runtime.get().store.by_platform_id(record_of(bot, event)[0].id, quoted_id)
     if stored is None:

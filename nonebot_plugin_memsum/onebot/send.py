@@ -79,9 +79,10 @@ async def send_reply(bot: Bot, event: MessageEvent, text: str, *, quote: bool = 
 
 
 def _sent_id(result: object) -> str | None:
-    """`message_id` of a send action's data (OneBot v11 `send_msg`), if the implementation gave one."""
+    """`message_id` of a send action's data (OneBot v11 `send_msg`), if the implementation gave
+    one: 0 is none (Lagrange and NapCat answer 0 when they have no id for what they sent)."""
     message_id = result.get("message_id") if isinstance(result, dict) else None
-    return None if message_id in (None, "") else str(message_id)
+    return None if message_id is None or str(message_id) in ("", "0") else str(message_id)
 
 
 async def _deliver(bot: Bot, send: Callable[[Bot], Awaitable[Any]]) -> Any:
