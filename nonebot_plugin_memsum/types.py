@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Role = Literal["user", "assistant", "tool", "notice", "system"]
+REASONING_KEY = "reasoning_content"
+"""`Message.metadata` key of the reasoning an assistant message that called a tool came with,
+sent back with it: DeepSeek's thinking mode (on by default) answers 400 to a later request
+without it, and Kimi's and Qwen's thinking models read it. Never shown, summarised or searched."""
 CONVERSATION_ROLES: frozenset[str] = frozenset({"user", "assistant", "tool", "notice"})
 
 
@@ -127,3 +131,9 @@ class DailyUsage:
     tokens_out: int
     tokens_cached: int = 0
     """Of tokens_in, those the provider served from its prompt cache."""
+
+
+def tool_reasoning(m: Message) -> str:
+    """The reasoning an assistant message that called a tool is sent back with ("" for none)."""
+    reasoning = m.metadata.get(REASONING_KEY) if m.tool_calls else None
+    return reasoning if isinstance(reasoning, str) else ""

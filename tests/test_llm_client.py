@@ -116,6 +116,7 @@ async def test_stream_content_usage_and_request(
         usage=Usage(31, 9),
         model_id="test/model",
         reasoning="先想想",
+        reasoning_content="先想想",  # the field DeepSeek wants back on a tool call
     )
     body = llm.requests[0]
     assert body["model"] == "model"
@@ -163,6 +164,7 @@ async def test_plain_json_content_tool_calls_usage(
         usage=Usage(40, 12),
         model_id="test/model",
         reasoning="嗯",
+        reasoning_content="嗯",
     )
     body = llm.requests[0]
     assert body["stream"] is False

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from nonebot_plugin_memsum.llm.tokens import MESSAGE_OVERHEAD, NOTICE_PREFIX, REQUEST_OVERHEAD
-from nonebot_plugin_memsum.types import CONVERSATION_ROLES, Message
+from nonebot_plugin_memsum.types import CONVERSATION_ROLES, REASONING_KEY, Message, tool_reasoning
 
 CONTEXT_ANCHOR = "context"
 C = TypeVar("C")
@@ -182,6 +182,8 @@ def to_openai(m: Message) -> dict[str, Any]:
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                 for c in m.tool_calls
             ]
+            if reasoning := tool_reasoning(m):
+                out[REASONING_KEY] = reasoning
         return out
     if m.role == "system":
         return {"role": "system", "content": m.content}

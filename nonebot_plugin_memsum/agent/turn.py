@@ -28,7 +28,7 @@ from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_text_
 from nonebot_plugin_memsum.lru import KeyedLocks
 from nonebot_plugin_memsum.settings import Settings
 from nonebot_plugin_memsum.store import ReplyState, Store
-from nonebot_plugin_memsum.types import Message, SessionRecord, ToolCall
+from nonebot_plugin_memsum.types import REASONING_KEY, Message, SessionRecord, ToolCall
 
 from .events import EventBus, Outcome, TurnEnded, TurnStarted, UsageEvent
 from .prompt import Prompt, assemble, contribution_order, tools_tokens, trim_budget
@@ -389,10 +389,16 @@ class Agent:
             used = reported or prompt.estimate
             await self.bus.emit(UsageEvent(turn_id=turn_id, usage=used, **facts))
             if result.tool_calls and offer_tools:
+                # The reasoning goes back with the call: DeepSeek's thinking mode requires it.
+                thought = {REASONING_KEY: result.reasoning_content} if result.reasoning_content else {}
                 await self._append(
                     session_id,
                     Message(
-                        role="assistant", content=result.content, tool_calls=result.tool_calls, ts=clock.now()
+                        role="assistant",
+                        content=result.content,
+                        tool_calls=result.tool_calls,
+                        ts=clock.now(),
+                        metadata=thought,
                     ),
                 )
                 for call in result.tool_calls:

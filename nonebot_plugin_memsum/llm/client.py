@@ -99,6 +99,10 @@ class ChatResult:
     reasoning: str = ""
     """Thinking text: `reasoning_content` / `reasoning`, and a `<think>` block taken from the content.
     For accounting only: never sent to a chat nor stored."""
+    reasoning_content: str = ""
+    """The `reasoning_content` field alone: what DeepSeek's thinking mode (and Kimi's, Qwen's)
+    requires back on an assistant message that called a tool (agent/turn.py keeps it there
+    and only there)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +154,9 @@ class LLMClient:
         self._http: httpx.AsyncClient | None = None
         self._closed = False
         self._refused: dict[str, dict[str, str | None]] = {}
+        self._reasoning_back: set[str] = set()
+        """Models that asked for `reasoning_content` on every assistant message that called a
+        tool (`_with_reasoning_back`)."""
         """model id → parameter it refused → the name to send instead (None: leave it out)."""
 
     async def aclose(self) -> None:
@@ -184,6 +191,8 @@ class LLMClient:
         if reasoning_effort is not None:
             body["reasoning_effort"] = reasoning_effort
         body = _without_refused(body, self._refused.get(model.id, {}))
+        if model.id in self._reasoning_back:
+            body = _with_reasoning_back(body)
         attempt = 0
         while True:
             try:
@@ -193,6 +202,18 @@ class LLMClient:
                 if refused is not None and refused in body:
                     # Not counted as a retry: each parameter is refused once, then it is gone.
                     body = self._refuse(model, refused, body)
+                    continue
+                if (
+                    isinstance(err, LLMBadRequest)
+                    and model.id not in self._reasoning_back
+                    and _REASONING_BACK.search(str(err))
+                ):
+                    self._reasoning_back.add(model.id)
+                    logger.warning(
+                        f"memsum: {model.id} wants reasoning back on every tool call (thinking mode):"
+                        " sending an empty one where none was kept, for the life of the process"
+                    )
+                    body = _with_reasoning_back(body)
                     continue
                 again = attempt < self._max_retries and self._retry.retryable(err)
                 # INFO: the caller reports the failure once, as the one warning (R-FAIL-1).
@@ -425,6 +446,25 @@ def refused_parameter(body: Mapping[str, Any], error: str) -> str | None:
     return named[0] if named else None  # several: one now, the next on the next answer
 
 
+_REASONING_BACK = re.compile(r"reasoning_content\W.*\bpassed back\b", re.IGNORECASE | re.DOTALL)
+"""DeepSeek's thinking mode, when an assistant message that called a tool comes without its
+reasoning (its 400, reported in e.g. anomalyco/opencode#24722, the-open-agent/openagent#2206:
+"The `reasoning_content` in the thinking mode must be passed back to the API.")."""
+
+
+def _with_reasoning_back(body: Mapping[str, Any]) -> dict[str, Any]:
+    """`body` with an empty `reasoning_content` on each assistant message that called a tool and
+    kept none: one stored before the reasoning was kept, or a call the model made without
+    thinking (DeepSeek's adaptive thinking), which the API wants the field on all the same."""
+    messages = [
+        {**m, "reasoning_content": ""}
+        if m.get("role") == "assistant" and m.get("tool_calls") and "reasoning_content" not in m
+        else m
+        for m in body.get("messages") or ()
+    ]
+    return {**body, "messages": messages}
+
+
 def _without_refused(body: Mapping[str, Any], refused: Mapping[str, str | None]) -> dict[str, Any]:
     out = dict(body)
     for param, instead in refused.items():
@@ -475,6 +515,7 @@ def _parse_completion(model: ModelConfig, body: bytes) -> ChatResult:
         return _result(
             content=message.get("content") or "",
             reasoning=message.get("reasoning_content") or message.get("reasoning") or "",
+            reasoning_content=_text(message.get("reasoning_content")),
             tool_calls=calls,
             finish_reason=choice.get("finish_reason"),
             usage=_usage(data.get("usage")),
@@ -493,6 +534,7 @@ def _result(
     finish_reason: str | None,
     usage: Usage | None,
     model_id: str,
+    reasoning_content: str = "",
 ) -> ChatResult:
     """The reply with any `<think>` block moved from the answer to the reasoning."""
     answer, thought = split_think(content)
@@ -503,7 +545,12 @@ def _result(
         usage=usage,
         model_id=model_id,
         reasoning="\n\n".join(t for t in (reasoning, thought) if t),
+        reasoning_content=reasoning_content,
     )
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def _usage(raw: object) -> Usage | None:
@@ -544,6 +591,8 @@ class _Stream:
 
     content: list[str] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
+    reasoning_content: list[str] = field(default_factory=list)
+    """The `reasoning_content` deltas alone (ChatResult.reasoning_content)."""
     calls: dict[int, _PartialCall] = field(default_factory=dict)
     finish_reason: str | None = None
     usage: Usage | None = None
@@ -561,6 +610,8 @@ class _Stream:
             thought = delta.get("reasoning_content") or delta.get("reasoning")
             if isinstance(thought, str):
                 self.reasoning.append(thought)
+                if thought is delta.get("reasoning_content"):
+                    self.reasoning_content.append(thought)
             for pos, part in enumerate(delta.get("tool_calls") or ()):
                 self._feed_call(part.get("index", pos), part)
             if choice.get("finish_reason"):
@@ -592,6 +643,7 @@ class _Stream:
             finish_reason=self.finish_reason,
             usage=self.usage,
             model_id=model_id,
+            reasoning_content="".join(self.reasoning_content),
         )
 
 

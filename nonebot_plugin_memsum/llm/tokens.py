@@ -29,6 +29,8 @@ import tiktoken
 from nonebot.log import logger
 from tiktoken_ext.openai_public import ENDOFPROMPT, ENDOFTEXT, FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX
 
+from nonebot_plugin_memsum.types import tool_reasoning
+
 if TYPE_CHECKING:
     from nonebot_plugin_memsum.types import Message
 
@@ -309,6 +311,8 @@ def estimate_msg_tokens(msg: Message, *, keep: bool = True) -> int:
     for call in msg.tool_calls:
         total += TOOL_CALL_OVERHEAD + estimate_text_tokens(call.id, keep=keep)
         total += estimate_text_tokens(call.name, keep=keep) + estimate_text_tokens(call.arguments, keep=keep)
+    if reasoning := tool_reasoning(msg):
+        total += estimate_text_tokens(reasoning, keep=keep)
     if msg.tool_call_id:
         total += estimate_text_tokens(msg.tool_call_id, keep=keep)
     return total
