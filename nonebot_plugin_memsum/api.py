@@ -179,12 +179,15 @@ async def search(
     until: float | None = None,
     limit: int = 10,
     context: int = 0,
+    withdrawn: bool = False,
 ) -> list[SearchHit]:
     """Full-text search over the session's stored messages, active and archived (never cleared
     ones, never another session's): best match first, then the newest. `query` words must all
     occur (Chinese words of any length, QQ numbers, codes, URLs, English); `speaker` is a QQ
     number or a nickname; `since`/`until` unix times (until exclusive); `context` neighbouring
-    messages either side of each hit."""
+    messages either side of each hit. Messages withdrawn on the platform (撤回) are left out, as
+    the `recall` tool and /回忆 leave them out; `withdrawn=True` includes them, their ids in
+    `SearchHit.withdrawn` (the owner's web page marks them 已撤回)."""
     return await runtime.get().store.search(
-        SearchQuery(session_id, query, speaker, since, until, limit), context
+        SearchQuery(session_id, query, speaker, since, until, limit, withdrawn), context
     )

@@ -47,6 +47,16 @@ def card_change(payload: Mapping[str, Any]) -> tuple[str, str] | None:
     return uid, str(payload.get("card_new") or "")
 
 
+def withdrawn_id(payload: Mapping[str, Any]) -> str | None:
+    """The platform id of the message a `group_recall` / `friend_recall` notice withdraws
+    (OneBot v11 event/notice.md: `message_id`; Lagrange's may be negative), as the message
+    was stored (`Message.platform_id`); None for any other notice."""
+    if payload.get("notice_type") not in ("group_recall", "friend_recall"):
+        return None
+    value = payload.get("message_id")
+    return None if value is None or str(value).strip() in ("", "0") else str(value).strip()
+
+
 def duration_text(seconds: int) -> str:
     """600 → 「10 分钟」, 90061 → 「1 天 1 小时 1 分钟 1 秒」."""
     parts: list[str] = []

@@ -22,7 +22,7 @@ from nonebot_plugin_memsum.errors import StoreError
 from nonebot_plugin_memsum.types import Message, SessionRecord
 
 from . import names, recovery
-from .notices import card_change, notice_text, people
+from .notices import card_change, notice_text, people, withdrawn_id
 from .render import (
     AT_EVERYONE,
     excerpt,
@@ -233,15 +233,21 @@ async def record_notice(bot: Bot, event: NoticeEvent, arrival: Arrival | None = 
         if where is None:
             return None
         record, group_id = where
-        if await rt.controls.mode(record) == "off":
-            return None
+        # A withdrawn message is marked even where nothing is recorded now: it may have
+        # been stored before (recall then no longer repeats it into the chat).
+        withdrawn = withdrawn_id(payload)
+        off = await rt.controls.mode(record) == "off"
         change = card_change(payload)
-        if change is None and notice_text(payload, {}) is None:
+        if withdrawn is None and (off or (change is None and notice_text(payload, {}) is None)):
             return None  # noise: no look-ups, no waiting
         # In arrival order, a card change too: an earlier event keeps the name it was said under.
         if arrival is not None:
             await rt.onebot.arrivals.wait_turn(arrival)
         async with rt.onebot.recording.hold(record.id):
+            if withdrawn is not None:
+                await rt.store.mark_withdrawn(record.id, withdrawn)  # after the message, in order
+                if off:
+                    return None
             if change is not None:
                 uid, card = change
                 if card:

@@ -666,7 +666,8 @@ class PostgresDb(Db):
         wm = int(rows[0][0]) if rows else 0
         since, until = _bounds(query)
         found = await self.fetch(
-            pg_search.SELECT_CANDIDATES, (expression, query.session_id, wm, since, until, search.CANDIDATES)
+            pg_search.select_candidates(query.withdrawn),
+            (expression, query.session_id, wm, since, until, search.CANDIDATES),
         )
         words = search.query_words(query.text)
         ranked = sorted(
@@ -686,7 +687,7 @@ class PostgresDb(Db):
         if context > 0:
             # One statement whatever the number of hits (an array), so it is planned once.
             for row in await self.fetch(
-                pg_search.neighbours(columns),
+                pg_search.neighbours(columns, query.withdrawn),
                 ([i for _, i in ranked], *[query.session_id, wm, context] * 4),
             ):
                 out.append((ranked[row[0] // 2][1], 1 if row[0] % 2 else -1, None, *row[1:]))

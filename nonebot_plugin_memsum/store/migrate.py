@@ -69,6 +69,7 @@ _MESSAGE_COLUMNS = (
     "tokens",
     "platform_id",
     "addressed",
+    "withdrawn",
 )
 # Copied in this order: the clear watermarks before the messages they keep out of search.
 TABLES = (

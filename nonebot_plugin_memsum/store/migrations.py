@@ -253,6 +253,14 @@ async def _m008_archive_counted_by_statement(db: aiosqlite.Connection) -> None:
     await db.execute("DROP TRIGGER messages_counted_archive")
 
 
+async def _m009_withdrawn(db: aiosqlite.Connection) -> None:
+    # A message its sender (or an admin) withdrew on the platform (group_recall,
+    # friend_recall): kept, as every message is, but recall's chat-facing paths (the
+    # model's tool, /回忆, api.search by default) no longer find it; the owner's page
+    # shows it marked 已撤回. A constant default: no rewrite of the table.
+    await db.execute("ALTER TABLE messages ADD COLUMN withdrawn INTEGER NOT NULL DEFAULT 0")
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     _m001_initial,
     _m002_message_tokens,
@@ -262,6 +270,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     _m006_crash_recovery,
     _m007_search_scoped,
     _m008_archive_counted_by_statement,
+    _m009_withdrawn,
 )
 
 

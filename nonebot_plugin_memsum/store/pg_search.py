@@ -49,12 +49,16 @@ MARK_CLEARED = (
     " SELECT ?, COALESCE(MAX(id), 0) FROM messages WHERE session_id = ?"
     " ON CONFLICT (session_id) DO UPDATE SET upto = GREATEST(search_cleared.upto, excluded.upto)"
 )
-SELECT_CANDIDATES = (
-    "SELECT m.id, m.role, m.content FROM search_index s JOIN messages m ON m.id = s.id"
-    " WHERE s.doc @@ CAST(CAST(? AS TEXT) AS tsquery) AND m.session_id = ? AND m.id > ?"
-    " AND m.ts >= ? AND m.ts < ? ORDER BY s.id DESC LIMIT ?"
-)
-"""The newest matches, re-checked against the session, the cleared watermark and the time."""
+
+
+def select_candidates(withdrawn: bool) -> str:
+    """The newest matches, re-checked against the session, the cleared watermark and the time
+    (and without what was withdrawn, unless `withdrawn`)."""
+    return (
+        "SELECT m.id, m.role, m.content FROM search_index s JOIN messages m ON m.id = s.id"
+        " WHERE s.doc @@ CAST(CAST(? AS TEXT) AS tsquery) AND m.session_id = ? AND m.id > ?"
+        f" AND m.ts >= ? AND m.ts < ?{'' if withdrawn else ' AND m.withdrawn = 0'} ORDER BY s.id DESC LIMIT ?"
+    )
 
 
 def session_term(session_id: str) -> str:
@@ -62,13 +66,14 @@ def session_term(session_id: str) -> str:
     return "s" + hashlib.blake2b(session_id.encode(), digest_size=8).hexdigest()
 
 
-def neighbours(columns: str) -> str:
+def neighbours(columns: str, withdrawn: bool = False) -> str:
     """For each hit, up to N conversation messages of the session before and after it: the
     hits as an array (the first `?`), each joined laterally to its four index ranges of
     (session_id, archived, id), so the statement is the same for any number of hits and
     planned once (40 unions planned per call cost more than the whole search). Parameters
     after the array, per part: session id, watermark, N."""
     cols = ", ".join(f"n.{c}" for c in columns.split(", "))
+    shown = "" if withdrawn else " AND withdrawn = 0"
     parts = []
     for after, (op, order) in enumerate((("<", "DESC"), (">", "ASC"))):
         for archived in (0, 1):
@@ -76,7 +81,7 @@ def neighbours(columns: str) -> str:
                 f"SELECT {after} AS after, {columns} FROM (SELECT {columns} FROM messages"
                 f" WHERE session_id = ? AND archived = {archived} AND id {op} h.hit AND id > ?"
                 f" AND event_marker = 0 AND role IN {search.SEARCH_ROLES!r} AND trim(content) != ''"
-                f" ORDER BY id {order} LIMIT ?) AS p{after}{archived}"
+                f"{shown} ORDER BY id {order} LIMIT ?) AS p{after}{archived}"
             )
     return (
         f"SELECT CAST(2 * (h.n - 1) + n.after AS INTEGER), {cols}"

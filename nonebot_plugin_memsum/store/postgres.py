@@ -197,6 +197,11 @@ async def _m008_archive_counted_by_statement(db: PostgresDb) -> None:
     del db
 
 
+async def _m009_withdrawn(db: PostgresDb) -> None:
+    # As SQLite's (store/migrations.py): a message withdrawn on the platform.
+    await _run(db, "ALTER TABLE messages ADD COLUMN withdrawn INTEGER NOT NULL DEFAULT 0")
+
+
 PG_MIGRATIONS: tuple[PgMigration, ...] = (
     _m001_initial,
     _m002_message_tokens,
@@ -206,6 +211,7 @@ PG_MIGRATIONS: tuple[PgMigration, ...] = (
     _m006_crash_recovery,
     _m007_search_scoped,
     _m008_archive_counted_by_statement,
+    _m009_withdrawn,
 )
 
 

@@ -206,17 +206,23 @@ def documents(rows: Iterable[Sequence[Any]]) -> list[tuple[int, str, str, str]]:
 # ---- the query ----------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class SearchHit:
-    """One matching message, its relevance (higher is better, see `search_statement`) and its neighbours."""
+    """One matching message, its relevance (higher is better, see `search_statement`) and its
+    neighbours; `withdrawn`: the ids among them withdrawn on the platform (only a query with
+    `withdrawn=True` returns any)."""
 
     message: Message
     score: float
     before: tuple[Message, ...] = ()
     after: tuple[Message, ...] = ()
+    withdrawn: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
 class SearchQuery:
-    """What to look for in one session. `since`/`until` are unix times (until exclusive)."""
+    """What to look for in one session. `since`/`until` are unix times (until exclusive);
+    `withdrawn`: also messages withdrawn on the platform (group_recall, friend_recall), as hits
+    and neighbours. Off for what is said back into a chat (the model's tool, /回忆): a message
+    its sender took back is not repeated to the group; the owner's page turns it on."""
 
     session_id: str
     text: str = ""
@@ -224,6 +230,7 @@ class SearchQuery:
     since: float | None = None
     until: float | None = None
     limit: int = 10
+    withdrawn: bool = False
 
     def expression(self) -> str | None:
         """The FTS5 match, or None when neither the text nor the speaker holds a term."""
@@ -303,6 +310,7 @@ def search_statement(query: SearchQuery, columns: str, context: int = 0) -> tupl
         for i in range(len(words))
     )
     m_columns = ", ".join("m." + c.strip() for c in columns.split(","))
+    shown = "" if query.withdrawn else " AND withdrawn = 0"
     parts = [
         f"SELECT ranked.id, 0, ranked.score, {m_columns} FROM ranked JOIN messages m ON m.id = ranked.id"
     ]
@@ -311,13 +319,13 @@ def search_statement(query: SearchQuery, columns: str, context: int = 0) -> tupl
             parts.append(
                 f"SELECT ranked.id, {side}, NULL, {m_columns} FROM ranked JOIN messages m ON m.id IN"
                 f" (SELECT id FROM messages WHERE session_id = :session AND archived = {archived}"
-                f" AND id {op} ranked.id AND id > {_CLEARED} AND event_marker = 0"
+                f" AND id {op} ranked.id AND id > {_CLEARED} AND event_marker = 0{shown}"
                 f" AND role IN {SEARCH_ROLES!r} AND trim(content) != '' ORDER BY id {order} LIMIT :context)"
             )
     sql = (
         f"WITH found AS (SELECT m.id, {_BODY} AS b"
         " FROM search_index JOIN messages m ON m.id = search_index.rowid WHERE search_index MATCH :match"
-        f" AND m.session_id = :session AND m.id > {_CLEARED}"
+        f" AND m.session_id = :session AND m.id > {_CLEARED}{shown.replace('withdrawn', 'm.withdrawn')}"
         " AND m.ts >= :since AND m.ts < :until ORDER BY search_index.rowid DESC LIMIT :candidates),"
         f" ranked AS (SELECT id, ({tf or 0}) * min(length(b), {PRIOR_CHARS}) / {float(PRIOR_CHARS)} AS score"
         " FROM found ORDER BY score DESC, id DESC LIMIT :limit) " + " UNION ALL ".join(parts)

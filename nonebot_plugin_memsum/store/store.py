@@ -333,6 +333,15 @@ class Tx:
             (platform_id, session_id, text),
         )
 
+    async def mark_withdrawn(self, session_id: str, platform_id: str) -> None:
+        """The session's messages stored under this platform id were withdrawn on the platform
+        (group_recall, friend_recall): kept, but found by a search only when it asks for them
+        (`SearchQuery.withdrawn`). Not a field of Message: the cached history stays true."""
+        await self._write(
+            "UPDATE messages SET withdrawn = 1 WHERE session_id = ? AND platform_id = ?",
+            (session_id, platform_id),
+        )
+
     async def stored_platform_ids(self, session_id: str, said: Mapping[str, float]) -> set[str]:
         """Those of the platform ids in `said` (id → when it was said) the session stored
         already, as `append_once` counts them: a backfill skips them in one trip, not one each."""
@@ -515,8 +524,11 @@ class Tx:
         (`Db.search`: one statement on SQLite)."""
         hits: list[tuple[float, Message]] = []
         near: dict[tuple[int, int], list[Message]] = {}
-        for row in await self._live().search(query, _MESSAGE_COLUMNS, context):
-            hit_id, side, score, msg = row[0], row[1], row[2], _message_from_row(row[3:])
+        withdrawn: set[int] = set()
+        for row in await self._live().search(query, _MESSAGE_COLUMNS + ", withdrawn", context):
+            hit_id, side, score, msg = row[0], row[1], row[2], _message_from_row(row[3:-1])
+            if row[-1]:
+                withdrawn.add(msg.id or 0)
             if side == 0:
                 hits.append((float(score), msg))
             else:
@@ -527,10 +539,13 @@ class Tx:
             rows = sorted(near.get((hit_id, side), []), key=lambda m: m.id or 0)
             return tuple(rows[-context:] if side < 0 else rows[:context])
 
+        def hit(score: float, msg: Message) -> SearchHit:
+            before, after = closest(msg.id or 0, -1), closest(msg.id or 0, 1)
+            ids = {m.id or 0 for m in (*before, msg, *after)}
+            return SearchHit(msg, score, before, after, frozenset(ids & withdrawn))
+
         hits.sort(key=lambda h: (-h[0], -(h[1].id or 0)))
-        return [
-            SearchHit(msg, score, closest(msg.id or 0, -1), closest(msg.id or 0, 1)) for score, msg in hits
-        ]
+        return [hit(score, msg) for score, msg in hits]
 
     async def get_settings(self, scope: str, scope_key: str) -> dict[str, Any]:
         """Every setting stored for one scope key, by name."""
@@ -1060,6 +1075,10 @@ class Store:
     async def name_answer(self, session_id: str, text: str, platform_id: str) -> None:
         async with self._statement() as tx:
             await tx.name_answer(session_id, text, platform_id)
+
+    async def mark_withdrawn(self, session_id: str, platform_id: str) -> None:
+        async with self._statement() as tx:
+            await tx.mark_withdrawn(session_id, platform_id)
 
     async def stored_platform_ids(self, session_id: str, said: Mapping[str, float]) -> set[str]:
         async with self._statement() as tx:

@@ -284,15 +284,18 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
     ) -> dict[str, Any]:
         rt = get_runtime()
         await _existing(rt, sid)
-        # The recall search of issue 11: this session only, never what a clear removed.
-        query = SearchQuery(sid, q, speaker or None, _day(rt, since), _day(rt, until, end=True), SEARCH_LIMIT)
+        # The recall search of issue 11: this session only, never what a clear removed. The
+        # owner's page also finds what was withdrawn (撤回), marked, where the chat's paths don't.
+        query = SearchQuery(
+            sid, q, speaker or None, _day(rt, since), _day(rt, until, end=True), SEARCH_LIMIT, withdrawn=True
+        )
         hits = await rt.store.search(query, context=SEARCH_CONTEXT)
         return {
             "results": [
                 {
-                    "hit": views.message_view(h.message),
-                    "before": [views.message_view(m) for m in h.before],
-                    "after": [views.message_view(m) for m in h.after],
+                    "hit": views.message_view(h.message, h.withdrawn),
+                    "before": [views.message_view(m, h.withdrawn) for m in h.before],
+                    "after": [views.message_view(m, h.withdrawn) for m in h.after],
                 }
                 for h in hits
             ]

@@ -92,8 +92,13 @@ def summary_sections(text: str | None) -> list[dict[str, str]]:
     return sections
 
 
-def message_view(msg: Message) -> dict[str, Any]:
-    return {"id": msg.id, "ts": msg.ts, "role": msg.role, "content": msg.content}
+def message_view(msg: Message, withdrawn: Collection[int] | None = None) -> dict[str, Any]:
+    """A message for the page; a search's (`withdrawn`: the ids it found withdrawn on the
+    platform) also says whether it was withdrawn."""
+    view: dict[str, Any] = {"id": msg.id, "ts": msg.ts, "role": msg.role, "content": msg.content}
+    if withdrawn is not None:
+        view["withdrawn"] = msg.id in withdrawn
+    return view
 
 
 def kept_originals(active: Sequence[Message]) -> list[Message]:

@@ -201,9 +201,12 @@ function usageChart(series, line, runs) {
     el("div", { class: "legend" }, "蓝线：每次对话的用量；橙色虚线：压缩线；竖线：压缩（绿色成功，红色失败）"));
 }
 
+// A message its sender (or an admin) withdrew on QQ: the page shows it, marked; chat never repeats it.
+const withdrawnTag = (m) => m.withdrawn ? el("span", { class: "tag warn" }, "已撤回") : null;
+
 function messageList(messages, empty) {
   if (!messages.length) return empty ? el("p", { class: "muted" }, empty) : null;
-  return el("div", {}, messages.map((m) => el("div", { class: "msg" }, el("span", { class: "when" }, when(m.ts)), el("span", { class: "pre" }, m.content))));
+  return el("div", {}, messages.map((m) => el("div", { class: "msg" }, el("span", { class: "when" }, when(m.ts)), withdrawnTag(m), el("span", { class: "pre" }, m.content))));
 }
 
 function settingRow(sid, s, group, modes) {
@@ -246,7 +249,7 @@ async function sessionPage(sid) {
   const form = el("form", { class: "row" }, q, speaker, since, until, el("button", { type: "submit" }, "搜索"));
   const show = (results) => out.replaceChildren(...(results.length ? results : [null]).map((x) => x ? hitView(x) : el("p", { class: "muted" }, "没有找到。")));
   const hitView = (x) => el("div", { class: "hit" },
-    messageList(x.before, ""), el("div", { class: "msg found" }, el("span", { class: "when" }, when(x.hit.ts)), el("span", { class: "pre" }, x.hit.content)),
+    messageList(x.before, ""), el("div", { class: "msg found" }, el("span", { class: "when" }, when(x.hit.ts)), withdrawnTag(x.hit), el("span", { class: "pre" }, x.hit.content)),
     messageList(x.after, ""));
   // The page refreshes itself every few seconds: the last search of this session stays.
   if (state.search && state.search.sid === sid) {
@@ -263,7 +266,7 @@ async function sessionPage(sid) {
       show(r.results);
     } catch (err) { out.replaceChildren(el("p", { class: "error" }, err.message)); }
   });
-  searchBox.append(form, el("p", { class: "muted small" }, "搜索本会话的全部消息（含已归档的），不含清除过的；每条结果带前后各两条。"), out);
+  searchBox.append(form, el("p", { class: "muted small" }, "搜索本会话的全部消息（含已归档的和已撤回的，后者标出「已撤回」），不含清除过的；每条结果带前后各两条。"), out);
   setMain(
     el("p", {}, el("a", { href: "#/" }, "← 返回总览")),
     el("h1", { id: "session-title" }, el("span", { class: "tag" }, d.kind), " ", d.name || d.number || d.id, d.name && d.number ? el("span", { class: "muted small" }, " " + d.number) : null),

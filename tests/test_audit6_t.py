@@ -1,0 +1,268 @@
+"""Sixth outside audit (t), recall: "nothing said is ever out of reach" (issue 11), as a group
+member or the owner looking for what was said weeks ago, after many compressions.
+
+- Withdrawn messages (QQ 撤回, `group_recall` / `friend_recall`): the chat's paths (the
+  model's `recall` tool, /回忆, `api.search` by default) never repeat a message its sender
+  or an admin took back, neither as a hit nor as a neighbour; the owner's web page still
+  finds it, marked 已撤回.
+- The same query through /回忆, the tool, `api.search` and the web page: the same hits, in
+  the same order; what one result line shows.
+- Queries a user types: single characters, mixed scripts and digits, QQ numbers, names (an
+  old card after a card change), emoji or punctuation only, dates in MEMSUM_TIMEZONE.
+
+bot.py runs as a real process with the OneBot simulator over the real reverse WebSocket
+and the scripted model on real HTTP; the page is read over real HTTP; the bot's SQLite file
+is read directly. Store-level scenarios use a real SQLite file (and PostgreSQL where the
+`location` fixture runs both engines).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import httpx
+import pytest
+
+from nonebot_plugin_memsum.agent.recall import NOTHING
+from nonebot_plugin_memsum.store import SearchQuery, Store
+from nonebot_plugin_memsum.types import Message
+from tests.fakes.botproc import BotProcess
+from tests.fakes.e2e import SELF_ID, group_sid, private_sid, query, running_bot, until
+from tests.fakes.llm_server import Reply, ScriptedLLM
+from tests.fakes.onebot import FORWARD_ACTIONS, SEND_ACTIONS, OneBotSim, as_segments, at, plain_text, text
+
+SUPERUSER = 10001
+PERSONA = "你是回忆审计群里的助手小记。"
+WEB_TOKEN = "web-token-audit6-t-0123456789"
+SHANGHAI = ZoneInfo("Asia/Shanghai")
+
+
+def is_chat(body: dict[str, Any]) -> bool:
+    return body["messages"][0].get("content") == PERSONA
+
+
+@pytest.fixture(scope="module")
+async def env(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[tuple[BotProcess, OneBotSim, ScriptedLLM]]:
+    with ScriptedLLM() as llm:
+        settings = {
+            "MEMSUM_MODELS": json.dumps([llm.model_config()]),
+            "MEMSUM_PERSONA": PERSONA,
+            "MEMSUM_WEB_TOKEN": WEB_TOKEN,
+            "MEMSUM_TIMEZONE": "Asia/Shanghai",
+        }
+        async with running_bot(tmp_path_factory.mktemp("audit6t"), settings) as (bot, sim):
+            yield bot, sim, llm
+
+
+@pytest.fixture
+def bot(env: tuple[BotProcess, OneBotSim, ScriptedLLM]) -> BotProcess:
+    return env[0]
+
+
+@pytest.fixture
+def sim(env: tuple[BotProcess, OneBotSim, ScriptedLLM]) -> OneBotSim:
+    return env[1]
+
+
+@pytest.fixture
+def llm(env: tuple[BotProcess, OneBotSim, ScriptedLLM]) -> ScriptedLLM:
+    model = env[2]
+    model.reset()
+    return model
+
+
+async def wait_rows(bot: BotProcess, sid: str, n: int) -> list[tuple[str, str]]:
+    found: list[tuple[str, str]] = []
+
+    async def enough() -> bool:
+        sql = "SELECT role, content FROM messages WHERE session_id = ? ORDER BY id"
+        found[:] = [(str(r[0]), str(r[1])) for r in await query(bot.db_path, sql, sid)]
+        return len(found) >= n
+
+    await until(enough, f"{n} messages stored in {sid}")
+    return found
+
+
+async def next_send(sim: OneBotSim, after: int) -> str:
+    """The text of the bot's next message (a forward's nodes joined) from call index `after`."""
+    call = await sim.wait_call(set(SEND_ACTIONS | FORWARD_ACTIONS), after=after, timeout=30)
+    return plain_text(as_segments(call.params.get("messages") or call.params.get("message") or []))
+
+
+async def command(sim: OneBotSim, group: int | None, said: str) -> str:
+    mark = len(sim.calls)
+    if group is None:
+        await sim.private_message(SUPERUSER, said)
+    else:
+        await sim.group_message(group, SUPERUSER, said)
+    return await next_send(sim, mark)
+
+
+@pytest.fixture
+async def owner(bot: BotProcess) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{bot.port}/memsum", timeout=10) as client:
+        assert (await client.post("/api/login", json={"token": WEB_TOKEN})).status_code == 200
+        yield client
+
+
+def tool_results(body: dict[str, Any]) -> list[str]:
+    return [str(m["content"]) for m in body["messages"] if m["role"] == "tool"]
+
+
+# ---- withdrawn messages ----------------------------------------------------------------
+KEPT = "这周六烧烤，网盘提取码是 k3m9，链接在群文件"
+PHONE = "13912345678"
+WITHDRAWN_BY_SELF = f"发错了，我的手机号 {PHONE} 提取码别用这个"
+SECRET = "z0z0秘钥"
+WITHDRAWN_BY_ADMIN = f"烧烤场地的门禁提取码 {SECRET}"
+
+
+async def test_a_withdrawn_message_is_never_repeated_into_the_chat_but_the_owner_s_page_marks_it(
+    bot: BotProcess, sim: OneBotSim, llm: ScriptedLLM, owner: httpx.AsyncClient
+) -> None:
+    """A member posts their phone number by mistake and withdraws it; an admin withdraws
+    another member's message. Before: /回忆 and the model's `recall` still found both (the
+    phone number came back to the whole group as a hit, or as the line after a hit). Now the
+    chat's paths leave them out; the owner's page finds them, marked 已撤回."""
+    group = 96001
+    sid = group_sid(group)
+    sim.add_member(group, 20042, "阿洁", role="admin")
+    await sim.group_message(group, 20041, KEPT, nickname="小林")
+    phone_id = await sim.group_message(group, 20042, WITHDRAWN_BY_SELF)
+    await sim.group_message(group, 20043, "收到烧烤的事", nickname="小周")
+    secret_id = await sim.group_message(group, 20041, WITHDRAWN_BY_ADMIN)
+    await wait_rows(bot, sid, 4)
+    # OneBot v11 event/notice.md 群消息撤回; NapCat OB11GroupRecallNoticeEvent.ts: by oneself
+    # (operator_id = user_id) and by an admin (tests/fixtures/onebot/napcat/group_recall_*.json).
+    await sim.notice("group_recall", group_id=group, user_id=20042, operator_id=20042, message_id=phone_id)
+    await sim.notice("group_recall", group_id=group, user_id=20041, operator_id=20042, message_id=secret_id)
+    stored = await wait_rows(bot, sid, 6)
+    assert stored[-2:] == [
+        ("notice", "阿洁(20042) 撤回了一条消息"),
+        ("notice", "阿洁(20042) 撤回了 小林(20041) 的一条消息"),
+    ]
+
+    # /回忆: the owner's command, answered into the group.
+    answer = await command(sim, group, "/回忆 提取码")
+    assert answer.startswith("找到 1 条（按相关程度排列）：\n"), answer
+    assert "k3m9" in answer
+    assert PHONE not in answer
+    assert SECRET not in answer
+    for withdrawn_word in (PHONE, "门禁", "手机号 @20042"):
+        assert await command(sim, group, f"/回忆 {withdrawn_word}") == NOTHING, withdrawn_word
+
+    # The model's tool: neither as a hit nor as the line after the kept message.
+    def searching(body: dict[str, Any]) -> Reply | None:
+        if not is_chat(body):
+            return None
+        if not tool_results(body):
+            calls = [
+                {"id": "call_t_1", "name": "recall", "arguments": json.dumps({"query": "提取码"})},
+                {"id": "call_t_2", "name": "recall", "arguments": json.dumps({"query": "手机号"})},
+            ]
+            return Reply("", tool_calls=calls, finish_reason="tool_calls")
+        return Reply("查到了")
+
+    llm.on_request(searching)
+    mark = len(sim.calls)
+    await sim.group_message(group, 20043, [at(SELF_ID), text(" 帮我翻翻之前的记录")])
+    assert await next_send(sim, mark) == "查到了"
+    [found, phone] = tool_results([b for b in list(llm.requests) if is_chat(b)][-1])
+    assert "k3m9" in found
+    assert "收到烧烤的事" in found
+    assert PHONE not in found
+    assert SECRET not in found
+    assert phone == NOTHING
+
+    # The owner's page: found, marked; the kept message is not marked.
+    path = f"/api/sessions/{sid}/search"
+    results = (await owner.get(path, params={"q": "提取码"})).json()["results"]
+    marks = {r["hit"]["content"].split("] ", 1)[1]: r["hit"]["withdrawn"] for r in results}
+    assert marks == {KEPT: False, WITHDRAWN_BY_SELF: True, WITHDRAWN_BY_ADMIN: True}
+    kept = next(r for r in results if not r["hit"]["withdrawn"])
+    first_after = kept["after"][0]
+    assert first_after["content"].endswith(WITHDRAWN_BY_SELF)
+    assert first_after["withdrawn"] is True
+    [hit] = (await owner.get(path, params={"q": PHONE})).json()["results"]
+    assert hit["hit"]["withdrawn"] is True
+
+    # What the store holds: the messages themselves are kept (R-MEM-2: nothing is deleted).
+    rows = await query(bot.db_path, "SELECT content, withdrawn FROM messages WHERE session_id = ?", sid)
+    assert sorted(r[1] for r in rows if r[0].endswith((WITHDRAWN_BY_SELF, WITHDRAWN_BY_ADMIN))) == [1, 1]
+
+
+async def test_a_message_withdrawn_in_a_private_chat_is_not_found_by_the_owner_s_recall_there(
+    bot: BotProcess, sim: OneBotSim, llm: ScriptedLLM
+) -> None:
+    # OneBot v11 event/notice.md 好友消息撤回: {notice_type: friend_recall, user_id, message_id}.
+    llm.push(Reply("好的"), Reply("嗯"))
+    mark = len(sim.calls)
+    said = await sim.private_message(SUPERUSER, "记一下：新的 WiFi 密码 x1y2z3")
+    await next_send(sim, mark)
+    mark = len(sim.calls)
+    await sim.private_message(SUPERUSER, "另一个 WiFi 是访客网")
+    await next_send(sim, mark)
+    await sim.notice("friend_recall", user_id=SUPERUSER, message_id=said)
+    await until(lambda: _withdrawn(bot, private_sid(SUPERUSER)), "the private message marked withdrawn")
+    answer = await command(sim, None, "/回忆 WiFi")
+    assert "访客网" in answer
+    assert "x1y2z3" not in answer, answer
+
+
+async def _withdrawn(bot: BotProcess, sid: str) -> bool:
+    rows = await query(
+        bot.db_path, "SELECT COUNT(*) FROM messages WHERE session_id = ? AND withdrawn = 1", sid
+    )
+    return rows[0][0] > 0
+
+
+# ---- the store, both engines --------------------------------------------------------------
+@pytest.fixture
+async def store(location: Path | str) -> AsyncIterator[Store]:
+    s = Store(location)
+    await s.open()
+    yield s
+    await s.close()
+
+
+GROUP = "onebot:10000:group:96100"
+T0 = time.time() - 30 * 86400
+"""A month ago: what a member looks for weeks later."""
+
+
+def said(name: str, qq: int, body: str, ts: float, platform_id: str | None = None) -> Message:
+    return Message(
+        role="user", content=f"[{name}({qq})] {body}", name=str(qq), ts=ts, platform_id=platform_id
+    )
+
+
+async def test_withdrawn_messages_leave_hits_and_neighbours_unless_the_search_asks_for_them(
+    store: Store,
+) -> None:
+    kept = await store.append(GROUP, said("小林", 20041, KEPT, T0, "501"))
+    gone = await store.append(GROUP, said("阿洁", 20042, WITHDRAWN_BY_SELF, T0 + 1, "-502"))  # Lagrange: < 0
+    after = await store.append(GROUP, said("小周", 20043, "收到烧烤的事", T0 + 2, "503"))
+    await store.mark_withdrawn(GROUP, "-502")
+    await store.mark_withdrawn(GROUP, "999")  # a message never stored: nothing happens
+    await store.mark_withdrawn("onebot:10000:group:96101", "501")  # another group's id: not ours
+
+    [hit] = await store.search(SearchQuery(GROUP, "提取码"), context=1)
+    assert (hit.message, hit.before, hit.after, hit.withdrawn) == (kept, (), (after,), frozenset())
+    assert await store.search(SearchQuery(GROUP, PHONE)) == []
+    assert await store.search(SearchQuery(GROUP, "", speaker="阿洁")) == []
+
+    both = await store.search(SearchQuery(GROUP, "提取码", withdrawn=True), context=1)
+    assert {h.message.id for h in both} == {kept.id, gone.id}
+    by_id = {h.message.id: h for h in both}
+    assert by_id[kept.id].after == (gone,)
+    assert by_id[kept.id].withdrawn == {gone.id}
+    assert by_id[gone.id].withdrawn == {gone.id}
+    # The message itself is kept, unchanged, in the history (R-MEM-2).
+    assert [m.content for m in await store.get_history(GROUP)] == [kept.content, gone.content, after.content]
