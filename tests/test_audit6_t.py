@@ -28,7 +28,10 @@ from zoneinfo import ZoneInfo
 import httpx
 import pytest
 
-from nonebot_plugin_memsum.agent.recall import NOTHING
+from nonebot_plugin_memsum.agent.recall import NOTHING, register_recall_tool
+from nonebot_plugin_memsum.agent.tools import ToolContext, ToolRegistry
+from nonebot_plugin_memsum.commands import parse_recall
+from nonebot_plugin_memsum.llm.tokens import estimate_text_tokens
 from nonebot_plugin_memsum.store import SearchQuery, Store
 from nonebot_plugin_memsum.types import Message
 from tests.fakes.botproc import BotProcess
@@ -266,3 +269,37 @@ async def test_withdrawn_messages_leave_hits_and_neighbours_unless_the_search_as
     assert by_id[gone.id].withdrawn == {gone.id}
     # The message itself is kept, unchanged, in the history (R-MEM-2).
     assert [m.content for m in await store.get_history(GROUP)] == [kept.content, gone.content, after.content]
+
+
+# ---- a member's name: an old card after a card change -----------------------------------
+async def test_a_member_is_found_under_the_card_they_have_now_and_the_one_they_had_then(
+    store: Store,
+) -> None:
+    """A member said it weeks ago as 小明 and has been 明哥 since (a `group_card` notice only
+    renames later lines: README 通知). The owner types the name they know, old or new; the
+    model passes the name it sees in the recent chat. Before: only the lines said under that
+    very name were found, so 「/回忆 爬山 @明哥」 missed the plan made as 小明."""
+    old = await store.append(GROUP, said("小明", 20051, "周末爬山东门集合，带水", T0))
+    await store.append(GROUP, said("小红", 20052, "爬山我也去", T0 + 1))
+    new = await store.append(GROUP, said("明哥", 20051, "爬山改到周日了", T0 + 86400))
+    other = await store.append(GROUP, said("小明", 20053, "另一个小明也爬山", T0 + 2 * 86400))
+    for name in ("明哥", "小明"):
+        hits = await store.search(SearchQuery(GROUP, "爬山", speaker=name))
+        expected = {old.id, new.id} | ({other.id} if name == "小明" else set())
+        assert {h.message.id for h in hits} == expected, name
+    # Typed as the owner does (/回忆 … @明哥) and as the model's tool passes it.
+    by_command = await store.search(parse_recall(GROUP, ["爬山", "@明哥"], []))
+    assert {h.message.id for h in by_command} == {old.id, new.id}
+    registry = ToolRegistry()
+    register_recall_tool(registry, store, estimate_text_tokens)
+    found = await registry.call(
+        ToolContext(session_id=GROUP), "recall", '{"query": "爬山", "speaker": "明哥"}'
+    )
+    assert "周末爬山东门集合" in found
+    assert not [line for line in found.splitlines() if line.startswith("→") and "爬山我也去" in line]
+    # A QQ number stays exact, and a name nobody had finds nothing.
+    assert {h.message.id for h in await store.search(SearchQuery(GROUP, "爬山", speaker="20051"))} == {
+        old.id,
+        new.id,
+    }
+    assert await store.search(SearchQuery(GROUP, "爬山", speaker="小刚")) == []

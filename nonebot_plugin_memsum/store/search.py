@@ -231,6 +231,10 @@ class SearchQuery:
     until: float | None = None
     limit: int = 10
     withdrawn: bool = False
+    speaker_ids: tuple[str, ...] = ()
+    """QQ numbers that also count as `speaker`: the people its name labelled in this session
+    (`Store.search` finds them), so a member is found under the card they have now and the
+    one they had then."""
 
     def expression(self) -> str | None:
         """The FTS5 match, or None when neither the text nor the speaker holds a term."""
@@ -239,7 +243,8 @@ class SearchQuery:
         if (text := match_expression(self.text, at)) is not None:
             parts.append(f"body : ({text})")
         if self.speaker is not None and (who := match_expression(self.speaker, at)) is not None:
-            parts.append(f"who : ({who})")
+            people = "".join(f' OR "{at}{qq}"' for qq in self.speaker_ids if qq.isdigit())
+            parts.append(f"who : (({who}){people})")
         if not parts:
             return None
         days = self._days()

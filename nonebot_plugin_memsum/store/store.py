@@ -63,6 +63,8 @@ _INSERT_MESSAGE = (
 # The same message fetched twice (live and by a backfill after a reconnect) is stored
 # once. Platform ids are not unique for ever (go-cqhttp's are 32-bit hashes), so only
 # a recent namesake counts: one stored within DEDUP_SECONDS of this one.
+SPEAKER_LABELS = 50
+"""Messages read to learn who a speaker's name stands for (`Tx._speaker_ids`): the newest."""
 DEDUP_SECONDS = 8 * 24 * 3600.0
 """How far back a platform message id is checked for a duplicate (> the longest backfill)."""
 _SESSION_COLUMNS = "id, platform, kind, place, peer, parent, room_class, created"
@@ -522,6 +524,8 @@ class Tx:
         """The session's stored messages (active and archived, never cleared ones) matching
         `query`, best first, each with up to `context` conversation messages either side
         (`Db.search`: one statement on SQLite)."""
+        if query.speaker and not query.speaker_ids and not query.speaker.strip().isdigit():
+            query = dataclasses.replace(query, speaker_ids=await self._speaker_ids(query))
         hits: list[tuple[float, Message]] = []
         near: dict[tuple[int, int], list[Message]] = {}
         withdrawn: set[int] = set()
@@ -546,6 +550,16 @@ class Tx:
 
         hits.sort(key=lambda h: (-h[0], -(h[1].id or 0)))
         return [hit(score, msg) for score, msg in hits]
+
+    async def _speaker_ids(self, query: SearchQuery) -> tuple[str, ...]:
+        """The QQ numbers of the session's members whose label held the speaker's name, in
+        their newest SPEAKER_LABELS messages: a card change renames only later lines, and
+        the owner (or the model) knows one name, old or new."""
+        names = dataclasses.replace(
+            query, text="", since=None, until=None, limit=SPEAKER_LABELS, withdrawn=True, speaker_ids=()
+        )
+        rows = await self._live().search(names, "id, role, name", 0)
+        return tuple(sorted({str(r[5]) for r in rows if r[4] == "user" and str(r[5] or "").isdigit()}))
 
     async def get_settings(self, scope: str, scope_key: str) -> dict[str, Any]:
         """Every setting stored for one scope key, by name."""
