@@ -28,6 +28,7 @@ from zoneinfo import ZoneInfo
 import httpx
 import pytest
 
+from nonebot_plugin_memsum import usage
 from nonebot_plugin_memsum.agent.recall import NOTHING, register_recall_tool
 from nonebot_plugin_memsum.agent.tools import ToolContext, ToolRegistry
 from nonebot_plugin_memsum.commands import parse_recall
@@ -303,3 +304,39 @@ async def test_a_member_is_found_under_the_card_they_have_now_and_the_one_they_h
         new.id,
     }
     assert await store.search(SearchQuery(GROUP, "爬山", speaker="小刚")) == []
+
+
+# ---- time filters -------------------------------------------------------------------------
+async def test_the_model_can_ask_for_what_was_said_yesterday_in_the_bots_time_zone(store: Store) -> None:
+    """「昨天谁说了烧烤的事？」: the model is not told today's date, and `since`/`until` took
+    only YYYY-MM-DD, so it could not narrow a search to yesterday (it guessed a date, or got
+    「错误：日期「昨天」的格式应为 …」). Now 今天/昨天/前天 are days of MEMSUM_TIMEZONE."""
+    today = usage.day_start(time.time(), SHANGHAI)
+    for ts, body in [
+        (today - 86400 - 60, "前天的烧烤太咸了"),
+        (today - 2 * 3600, "昨天晚上烧烤真香"),
+        (today + 60, "今天早上的烧烤剩了"),
+    ]:
+        await store.append(GROUP, said("小林", 20041, body, ts))
+        await store.append(GROUP, said("小周", 20043, "嗯嗯", ts + 1))  # hits are not each other's neighbours
+    registry = ToolRegistry()
+    register_recall_tool(registry, store, estimate_text_tokens, SHANGHAI)
+    ctx = ToolContext(session_id=GROUP)
+
+    async def recall(**args: str) -> str:
+        """The hit lines (→) of the result, or the result when it holds none."""
+        result = await registry.call(ctx, "recall", json.dumps({"query": "烧烤", **args}))
+        return "\n".join(line for line in result.splitlines() if line.startswith("→")) or result
+
+    yesterday = await recall(since="昨天", until="昨天")
+    assert "昨天晚上烧烤真香" in yesterday
+    assert "太咸" not in yesterday
+    assert "剩了" not in yesterday
+    today_only = await recall(since="今天")
+    assert "剩了" in today_only
+    assert "真香" not in today_only
+    two_days = await recall(since="前天", until="昨天")
+    assert "太咸" in two_days
+    assert "真香" in two_days
+    assert "剩了" not in two_days
+    assert (await recall(since="上周")).startswith("错误：日期「上周」的格式应为")

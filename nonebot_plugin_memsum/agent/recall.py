@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, tzinfo
 from typing import Any
 
+from nonebot_plugin_memsum import clock
 from nonebot_plugin_memsum.store import SearchHit, SearchQuery, Store
 from nonebot_plugin_memsum.store.search import match_expression, speaker_of, split_label
 from nonebot_plugin_memsum.types import Message
@@ -41,8 +42,8 @@ PARAMETERS: dict[str, Any] = {
     "properties": {
         "query": {"type": "string", "description": "关键词，如「周末 烧烤」"},
         "speaker": {"type": "string", "description": "只看此人：QQ 号或昵称"},
-        "since": {"type": "string", "description": "起始日期 YYYY-MM-DD[ HH:MM]"},
-        "until": {"type": "string", "description": "截止日期（含当天），格式同上"},
+        "since": {"type": "string", "description": "起始日期 YYYY-MM-DD[ HH:MM]、今天、昨天或前天"},
+        "until": {"type": "string", "description": "截止（含当天），同上"},
         "limit": {"type": "integer", "description": f"条数，默认 {DEFAULT_LIMIT}，至多 {MAX_LIMIT}"},
     },
     "required": ["query"],
@@ -50,10 +51,18 @@ PARAMETERS: dict[str, Any] = {
 
 
 # ---- pure text ----------------------------------------------------------------------
+DAYS_BACK = {"今天": 0, "今日": 0, "昨天": 1, "昨日": 1, "前天": 2}
+"""Days the model may name instead of a date: it is not told today's date, so 「昨天说的」
+could not become a date range otherwise."""
+
+
 def parse_time(text: str, *, end: bool = False, zone: tzinfo | None = None) -> float:
-    """A date (`YYYY-MM-DD`, optionally with ` HH:MM`) in `zone` (None: the system's) as a unix
-    time; with `end`, a bare date means the end of that day (the start of the next).
-    ValueError in Chinese."""
+    """A date (`YYYY-MM-DD`, optionally with ` HH:MM`, or a day of DAYS_BACK) in `zone` (None:
+    the system's) as a unix time; with `end`, a bare date means the end of that day (the start
+    of the next). ValueError in Chinese."""
+    if (back := DAYS_BACK.get(text.strip())) is not None:
+        day = datetime.fromtimestamp(clock.now(), zone).date() - timedelta(days=back - (1 if end else 0))
+        return datetime(day.year, day.month, day.day, tzinfo=zone).timestamp()
     m = _DAY.match(text.strip())
     if m is None:
         raise ValueError(f"日期「{text}」的格式应为 YYYY-MM-DD 或 YYYY-MM-DD HH:MM")
