@@ -19,6 +19,7 @@ is read directly. Store-level scenarios use a real SQLite file (and PostgreSQL w
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -340,3 +341,101 @@ async def test_the_model_can_ask_for_what_was_said_yesterday_in_the_bots_time_zo
     assert "真香" in two_days
     assert "剩了" not in two_days
     assert (await recall(since="上周")).startswith("错误：日期「上周」的格式应为")
+
+
+# ---- one query, every path ----------------------------------------------------------------
+LINKS = [
+    (20061, "小林", "网盘链接 https://pan.example.com/s/1AbC 提取码 8h2k，周末的照片都在里面"),
+    (20062, "小周", "链接呢？"),
+    (20063, "阿洁", "链接我也发一个：https://docs.example.org/plan 烧烤分工表\n第二行：谁带炭"),
+    (20061, "小林", "上面那个链接失效了就找我"),
+    (20064, "老王", "CPU占用90%的那个链接别点"),
+]
+LINE_SHAPE = re.compile(r"^\d{4}-\d{2}-\d{2} \d{2}:\d{2} \[[^\[\]\n]+\(\d+\)\] \S")
+
+
+def _bodies(lines: list[str]) -> list[str]:
+    return [line.split("] ", 1)[1] for line in lines]
+
+
+async def test_the_same_query_finds_the_same_messages_in_the_same_order_in_command_tool_and_page(
+    bot: BotProcess, sim: OneBotSim, llm: ScriptedLLM, owner: httpx.AsyncClient
+) -> None:
+    group = 96200
+    sid = group_sid(group)
+    for i, (qq, name, body) in enumerate(LINKS):
+        await sim.group_message(group, qq, body, nickname=name)
+        await sim.group_message(group, 20069, f"路过{i}", nickname="路人")  # hits are not neighbours
+    await wait_rows(bot, sid, 2 * len(LINKS))
+
+    answer = await command(sim, group, "/回忆 链接")
+    head, *lines = answer.splitlines()
+    assert head == f"找到 {len(LINKS)} 条（按相关程度排列）："
+    for line in lines:  # 时间 [昵称(QQ)] 正文, one line each, a line break shown as ⏎
+        assert LINE_SHAPE.match(line), line
+    by_command = _bodies(lines)
+    assert by_command[0].startswith("网盘链接")  # the message that carries the link first
+    assert any(body.endswith("烧烤分工表 ⏎ 第二行：谁带炭") for body in by_command)
+
+    page = (await owner.get(f"/api/sessions/{sid}/search", params={"q": "链接"})).json()["results"]
+    assert [r["hit"]["content"].split("] ", 1)[1].replace("\n", " ⏎ ") for r in page] == by_command
+
+    def searching(body: dict[str, Any]) -> Reply | None:
+        if not is_chat(body):
+            return None
+        if not tool_results(body):
+            call = {"id": "call_t_9", "name": "recall", "arguments": json.dumps({"query": "链接"})}
+            return Reply("", tool_calls=[call], finish_reason="tool_calls")
+        return Reply("好")
+
+    llm.on_request(searching)
+    mark = len(sim.calls)
+    await sim.group_message(group, 20062, [at(SELF_ID), text(" 之前谁发过东西？")])
+    assert await next_send(sim, mark) == "好"
+    [result] = tool_results([b for b in list(llm.requests) if is_chat(b)][-1])
+    by_tool = _bodies([line[2:] for line in result.splitlines() if line.startswith("→ ")])
+    assert by_tool == by_command
+
+
+@pytest.mark.parametrize(
+    ("typed", "expected"),
+    [
+        ("链", 5),  # one character: a prefix of the text's terms
+        ("pan.example", 1),  # a URL fragment
+        ("1abc", 1),  # a code, whatever its case
+        ("CPU占用90%", 1),  # mixed scripts, digits and a sign
+        ("@20061", 2),  # a QQ number typed as a speaker
+        ("链接 @小林", 2),  # a name typed as a speaker
+        ("8h2k 2026-01-01", 0),  # a day when it was not said
+    ],
+)
+async def test_what_an_owner_types_into_recall_finds_what_it_should(
+    bot: BotProcess, sim: OneBotSim, typed: str, expected: int
+) -> None:
+    group = 96201
+    sid = group_sid(group)
+    if len(await wait_rows(bot, sid, 0)) < len(LINKS):
+        for qq, name, body in LINKS:
+            await sim.group_message(group, qq, body, nickname=name)
+        await wait_rows(bot, sid, len(LINKS))
+    answer = await command(sim, group, f"/回忆 {typed}")
+    if expected:
+        assert answer.startswith(f"找到 {expected} 条（按相关程度排列）："), answer
+    else:
+        assert answer == NOTHING
+
+
+async def test_an_at_mention_emoji_or_punctuation_in_recall(bot: BotProcess, sim: OneBotSim) -> None:
+    group = 96202
+    await sim.group_message(group, 20071, "周末一起打球 😀", nickname="阿球")
+    await sim.group_message(group, 20072, "打球算我一个", nickname="阿篮")
+    await wait_rows(bot, group_sid(group), 2)
+    mark = len(sim.calls)
+    await sim.group_message(group, SUPERUSER, [text("/回忆 打球 "), at(20071)])  # a real @ of the member
+    answer = await next_send(sim, mark)
+    assert answer.startswith("找到 1 条"), answer
+    assert "阿球(20071)" in answer
+    for typed in ("😀", "？？！", "「」"):
+        answer = await command(sim, group, f"/回忆 {typed}")
+        assert answer.startswith("关键词里没有可以搜索的文字"), answer
+        assert answer.endswith("用法：/回忆 关键词 [@某人] [YYYY-MM-DD[..YYYY-MM-DD]]")
