@@ -15,7 +15,7 @@ import math
 import re
 import unicodedata
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, tzinfo
 from typing import Literal
 
@@ -405,11 +405,19 @@ async def _recall(call: _Call) -> str:
         query = parse_recall(call.record.id, call.args, mentions, zone)
     except ValueError as err:
         return f"{err}\n{RECALL_USAGE}"
-    hits = await runtime.get().store.search(query)
+    # One more than it lists: whether there are more to say so (the rest is out of reach here).
+    hits = await runtime.get().store.search(replace(query, limit=RECALL_LIMIT + 1))
     if not hits:
         return recall.NOTHING
-    lines = [recall.line(h.message, zone) for h in hits]
-    return f"找到 {len(hits)} 条（按相关程度排列）：\n" + "\n".join(lines)
+    lines = [recall.line(h.message, zone) for h in hits[:RECALL_LIMIT]]
+    if len(hits) > RECALL_LIMIT:
+        head = (
+            f"找到 {RECALL_LIMIT} 条以上，只列出最相关的 {RECALL_LIMIT} 条"
+            "（按相关程度排列；加关键词、@某人或日期可缩小范围）："
+        )
+    else:
+        head = f"找到 {len(hits)} 条（按相关程度排列）："
+    return head + "\n" + "\n".join(lines)
 
 
 async def _help(call: _Call) -> str:

@@ -439,3 +439,29 @@ async def test_an_at_mention_emoji_or_punctuation_in_recall(bot: BotProcess, sim
         answer = await command(sim, group, f"/回忆 {typed}")
         assert answer.startswith("关键词里没有可以搜索的文字"), answer
         assert answer.endswith("用法：/回忆 关键词 [@某人] [YYYY-MM-DD[..YYYY-MM-DD]]")
+
+
+# ---- many results -------------------------------------------------------------------------
+async def test_recall_with_more_matches_than_it_lists_says_so_and_how_to_narrow_it(
+    bot: BotProcess, sim: OneBotSim, owner: httpx.AsyncClient
+) -> None:
+    """Thirty members posted a 接龙 over the weeks. Before: /回忆 接龙 answered 「找到 10 条」
+    and the page listed 20, as if that were all: the owner could not tell that older ones
+    exist. Now both say there are more and how to narrow the search."""
+    group = 96300
+    sid = group_sid(group)
+    for i in range(25):
+        await sim.group_message(group, 20100 + i, f"接龙第 {i} 位：{'带水' if i % 2 else '带零食'}")
+    await wait_rows(bot, sid, 25)
+    answer = await command(sim, group, "/回忆 接龙")
+    head, *lines = answer.splitlines()
+    assert head == "找到 10 条以上，只列出最相关的 10 条（按相关程度排列；加关键词、@某人或日期可缩小范围）："
+    assert len(lines) == 10
+    few = await command(sim, group, "/回忆 接龙 带零食 @20100")
+    assert few.splitlines()[0] == "找到 1 条（按相关程度排列）："
+    page = (await owner.get(f"/api/sessions/{sid}/search", params={"q": "接龙"})).json()
+    assert len(page["results"]) == 20
+    assert page["more"] is True
+    page = (await owner.get(f"/api/sessions/{sid}/search", params={"q": "接龙 带零食"})).json()
+    assert len(page["results"]) == 13
+    assert page["more"] is False

@@ -281,12 +281,18 @@ async def test_search_finds_archived_words_in_context_in_this_session_only(
     by_speaker = await owner.get(f"api/sessions/{G}/search", params={"q": "爬山", "speaker": "30005"})
     assert [r["hit"]["content"][:11] for r in by_speaker.json()["results"]] == ["[成员5(30005)"]
     p = PRIVATE.id.replace(":", "%3A")
-    assert (await owner.get(f"api/sessions/{p}/search", params={"q": "第5句"})).json() == {"results": []}
+    assert (await owner.get(f"api/sessions/{p}/search", params={"q": "第5句"})).json() == {
+        "results": [],
+        "more": False,
+    }
     bad = await owner.get(f"api/sessions/{G}/search", params={"q": "爬山", "since": "昨天"})
     assert (bad.status_code, bad.json()["detail"]) == (400, "日期格式应为 YYYY-MM-DD")
     # Cleared is never found again (R-MEM-2).
     await owner.post(f"api/sessions/{G}/clear", json={"kind": "context", "confirm": True})
-    assert (await owner.get(f"api/sessions/{G}/search", params={"q": "第5句"})).json() == {"results": []}
+    assert (await owner.get(f"api/sessions/{G}/search", params={"q": "第5句"})).json() == {
+        "results": [],
+        "more": False,
+    }
 
 
 async def test_usage_per_day_model_and_purpose_and_csv(env: WebEnv, owner: httpx.AsyncClient) -> None:

@@ -287,10 +287,18 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
         # The recall search of issue 11: this session only, never what a clear removed. The
         # owner's page also finds what was withdrawn (撤回), marked, where the chat's paths don't.
         query = SearchQuery(
-            sid, q, speaker or None, _day(rt, since), _day(rt, until, end=True), SEARCH_LIMIT, withdrawn=True
+            sid,
+            q,
+            speaker or None,
+            _day(rt, since),
+            _day(rt, until, end=True),
+            SEARCH_LIMIT + 1,
+            withdrawn=True,
         )
-        hits = await rt.store.search(query, context=SEARCH_CONTEXT)
+        found = await rt.store.search(query, context=SEARCH_CONTEXT)
+        hits = found[:SEARCH_LIMIT]
         return {
+            "more": len(found) > SEARCH_LIMIT,  # more match than are listed: the page says so
             "results": [
                 {
                     "hit": views.message_view(h.message, h.withdrawn),
@@ -298,7 +306,7 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
                     "after": [views.message_view(m, h.withdrawn) for m in h.after],
                 }
                 for h in hits
-            ]
+            ],
         }
 
     @change.post("/sessions/{sid}/settings")

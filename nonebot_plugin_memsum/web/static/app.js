@@ -247,14 +247,15 @@ async function sessionPage(sid) {
   const until = el("input", { type: "date", name: "until" });
   const out = el("div", { id: "search-results" });
   const form = el("form", { class: "row" }, q, speaker, since, until, el("button", { type: "submit" }, "搜索"));
-  const show = (results) => out.replaceChildren(...(results.length ? results : [null]).map((x) => x ? hitView(x) : el("p", { class: "muted" }, "没有找到。")));
+  const show = (results, more) => out.replaceChildren(...(results.length ? results : [null]).map((x) => x ? hitView(x) : el("p", { class: "muted" }, "没有找到。")),
+    more ? el("p", { class: "muted small" }, `只列出最相关的 ${results.length} 条，还有更多：加关键词、发言人或日期可缩小范围。`) : null);
   const hitView = (x) => el("div", { class: "hit" },
     messageList(x.before, ""), el("div", { class: "msg found" }, el("span", { class: "when" }, when(x.hit.ts)), withdrawnTag(x.hit), el("span", { class: "pre" }, x.hit.content)),
     messageList(x.after, ""));
   // The page refreshes itself every few seconds: the last search of this session stays.
   if (state.search && state.search.sid === sid) {
     [q.value, speaker.value, since.value, until.value] = state.search.values;
-    show(state.search.results);
+    show(state.search.results, state.search.more);
   }
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
@@ -262,8 +263,8 @@ async function sessionPage(sid) {
     for (const [k, v] of [["speaker", speaker.value], ["since", since.value], ["until", until.value]]) if (v) params.set(k, v);
     try {
       const r = await api(`${path}/search?${params}`);
-      state.search = { sid, values: [q.value, speaker.value, since.value, until.value], results: r.results };
-      show(r.results);
+      state.search = { sid, values: [q.value, speaker.value, since.value, until.value], results: r.results, more: r.more };
+      show(r.results, r.more);
     } catch (err) { out.replaceChildren(el("p", { class: "error" }, err.message)); }
   });
   searchBox.append(form, el("p", { class: "muted small" }, "搜索本会话的全部消息（含已归档的和已撤回的，后者标出「已撤回」），不含清除过的；每条结果带前后各两条。"), out);
