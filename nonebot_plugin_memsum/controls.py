@@ -75,6 +75,11 @@ class Controls:
     async def mode(self, record: SessionRecord) -> Mode:
         return cast(Mode, (await self._settings.of_place("mode", record)).value)
 
+    def last_mode(self, record: SessionRecord) -> Mode | None:
+        """The place's mode as last read, when the database cannot be reached now."""
+        resolved = self._settings.last_read_of_place("mode", record)
+        return None if resolved is None else cast(Mode, resolved.value)
+
     async def used_today(self, record: SessionRecord) -> int:
         """Tokens in and out the place used since its day began, every purpose."""
         rows = await self._store.usage_rows(usage_place(record), day_start(clock.now(), self._zone))

@@ -181,6 +181,18 @@ class Settings:
         # Every message asks its place's mode: one name resolved, not all of them.
         return self._resolve(name, *await self._layers(record.id, record.platform, record.kind, record))
 
+    def last_read_of_place(self, name: SettingName, record: SessionRecord) -> Resolved | None:
+        """`of_place` from the layers as last read, without I/O (the database cannot be
+        reached); None when a layer was never read (or was forgotten since)."""
+        place = place_key(record)
+        place_values = self._stored.get(("place", place)) if place else {}
+        session_values = self._stored.get(("session", record.id))
+        if place_values is None or session_values is None:
+            return None
+        return self._resolve(
+            name, *tier_keys(record, record.platform, record.kind), place_values, session_values
+        )
+
     async def _layers(
         self,
         session_id: str,

@@ -22,7 +22,7 @@ from nonebot.log import logger
 from nonebot_plugin_memsum import clock
 from nonebot_plugin_memsum.compression.budget import compression_line
 from nonebot_plugin_memsum.config import Config
-from nonebot_plugin_memsum.errors import NoChatModel
+from nonebot_plugin_memsum.errors import NoChatModel, StoreError
 from nonebot_plugin_memsum.llm import LLMClient, LLMError, LLMLengthLimit, Registry
 from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_text_tokens
 from nonebot_plugin_memsum.lru import KeyedLocks
@@ -272,6 +272,8 @@ class Agent:
                 logger.info("memsum: no chat model is configured; cannot answer")
             except LLMError as err:
                 logger.warning(f"memsum: turn of {session_id} failed: {err}")
+            except StoreError as err:  # a full disk, the database server gone: no traceback
+                logger.error(f"memsum: turn of {session_id} failed: the database refused it ({err})")
             except Exception:
                 logger.exception(f"memsum: turn of {session_id} failed")
             finally:
@@ -296,7 +298,13 @@ class Agent:
         if upto is None:
             await _quietly(reply, text)
             return
-        await self.store.mark_reply(session_id, upto, "sending")
+        try:
+            await self.store.mark_reply(session_id, upto, "sending")
+        except StoreError:
+            # The database refuses writes (a full disk): the answer goes out unmarked, so a
+            # restart may still answer the questions properly; silence would be worse.
+            await _quietly(reply, text)
+            return
         await _quietly(reply, text)
         self.store.mark_sent(session_id, upto)
 

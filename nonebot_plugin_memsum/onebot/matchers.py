@@ -3,6 +3,7 @@ messages are recorded and answered when addressed; notices are recorded."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -37,7 +38,7 @@ from .record import (
     record_of,
 )
 from .render import is_empty
-from .send import replier
+from .send import replier, send_reply
 from .sessions import entry_of, group_session_id, private_session_id
 
 
@@ -96,6 +97,23 @@ async def answer_if_allowed(
         await replier(bot, event)(CAP_NOTICE)
 
 
+def _asks(event: GroupMessageEvent | PrivateMessageEvent) -> bool:
+    return isinstance(event, PrivateMessageEvent) or event.is_tome()
+
+
+async def tell_not_stored(bot: Bot, event: MessageEvent, record: SessionRecord) -> None:
+    """A question the store refused cannot be answered (the turn reads it from the store):
+    the asker gets `MEMSUM_ERROR_REPLY` rather than silence, once a minute per session."""
+    rt = runtime.get()
+    text = rt.config.memsum_error_reply
+    if not text or not rt.onebot.refusals.apology_due(record.id, time.monotonic()):
+        return
+    try:
+        await send_reply(bot, event, text, quote=isinstance(event, GroupMessageEvent))
+    except Exception as err:  # the implementation gone as well: nothing more to do
+        logger.warning(f"memsum: could not tell {record.id} that its question was not stored: {err!r}")
+
+
 def register_matchers(priority: int, is_command: Callable[[T_State], bool], commands: Claim) -> None:
     """Recording and chat sit below the commands, which block, so commands never get recorded.
 
@@ -129,21 +147,29 @@ def register_matchers(priority: int, is_command: Callable[[T_State], bool], comm
             return  # one of our commands its sender may not use: not ours to handle
         drop_foreign_quote(bot, event)
         place, _ = record_of(bot, event)
+        rt = runtime.get()
         try:
-            mode = await runtime.get().controls.mode(place)
+            mode = await rt.controls.mode(place)
         except StoreError as err:  # the database cannot be reached: counted as not stored
             release_arrival(event)
             note_refused(err, place.id, float(event.time))
+            # The mode as last read: a place never read since the start may be 关, so it
+            # stays quiet (a 关 group must never hear from the bot).
+            if rt.controls.last_mode(place) == "on" and _asks(event):
+                await tell_not_stored(bot, event, place)
             return
         if mode == "off":
             release_arrival(event)
             logger.debug(f"memsum: not recording a message of {place.id}: mode off")
             return
         await fill_forgotten_quote(bot, event)
-        asks = mode == "on" and (isinstance(event, PrivateMessageEvent) or event.is_tome())
-        record, msg = await record_message(
-            bot, event, runtime.get().onebot.arrivals.of(event), addressed=asks
-        )
+        asks = mode == "on" and _asks(event)
+        try:
+            record, msg = await record_message(bot, event, rt.onebot.arrivals.of(event), addressed=asks)
+        except StoreError:  # refused (a full disk, the server gone): in the log already
+            if asks:
+                await tell_not_stored(bot, event, place)
+            return
         if msg is None:
             # Fetched on connect already and answered from there; with MEMSUM_RESUME_WINDOW 0
             # nothing answers on connect, and a question said as the bot connected is answered here.

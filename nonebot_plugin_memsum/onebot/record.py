@@ -58,8 +58,9 @@ async def record_message(
 
     `addressed`: it asks the bot (a crash before the answer leaves it for the next start);
     `said_at`: the platform's time of a fetched message. None when the message (same
-    platform id) is stored already: fetched and then received live, or the other way round;
-    also when the store refused it (a full disk), said in the log once a minute.
+    platform id) is stored already: fetched and then received live, or the other way round.
+    A message the store refused (a full disk, the database server gone) is said in the log
+    once a minute; then a fetched one gives None and a live one raises the StoreError.
     """
     rt = runtime.get()
     record, group_id = record_of(bot, event)
@@ -81,7 +82,9 @@ async def record_message(
                 stored = await rt.agent.record_once(record, msg)
             except StoreError as err:
                 note_refused(err, record.id, msg.ts)
-                return record, None
+                if fetched:
+                    return record, None
+                raise  # a live question is told that the bot cannot answer now (matchers.py)
             if rt.onebot.refusals.total:
                 refilled = len(rt.onebot.refusals.places)
                 logger.warning(

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from nonebot_plugin_memsum import clock
-from nonebot_plugin_memsum.lru import BoundedCache, KeyedLocks
+from nonebot_plugin_memsum.lru import LRU, BoundedCache, KeyedLocks
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -166,10 +166,22 @@ class Refusals:
             return True
         return False
 
+    apologised: LRU[str, float] = field(default_factory=LRU)
+    """Per session, when it was last told that the bot cannot answer now (a monotonic time)."""
+
     def stored(self) -> int:
         """A message was stored: how many were refused before it; the count starts over."""
         refused, self.total, self.told = self.total, 0, None
         return refused
+
+    def apology_due(self, session_id: str, now: float) -> bool:
+        """A refused question of this session: whether to send the error reply now. Once a
+        minute per session, so a group asking on through an outage is not flooded with it."""
+        last = self.apologised.get(session_id)
+        if last is not None and now - last < REFUSALS_EVERY:
+            return False
+        self.apologised[session_id] = now
+        return True
 
 
 @dataclass

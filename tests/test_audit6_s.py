@@ -1,0 +1,248 @@
+"""Outside audit 6 (s): the gaps the previous session left open, reproduced as a bot owner
+meets them and closed where they were defects.
+
+1. A question asked while the database cannot be written (a full SQLite disk, PostgreSQL
+   gone) is answered with `MEMSUM_ERROR_REPLY`, and the owner gets one log line; nothing
+   stored before is lost.
+2. A group switched on again (开) whose history is already over its compression line.
+3. The first compression after the owner moved to a model with another window (R-BUD-1,
+   R-BUD-6, R-TRIG-1: the latest usage).
+4. A summary whose only content is the question (the in-turn run): can it pass its budget?
+5. The web page's per-day figures around a daylight-saving change in `MEMSUM_TIMEZONE`.
+
+bot.py runs as a real process on its own SQLite file (or the test PostgreSQL server) with the
+OneBot simulator over the reverse WebSocket and the scripted model server; a full disk is
+RLIMIT_FSIZE, as test_audit5_m does it (a write past it fails as one past the end of a full
+disk does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests.fakes.botproc import BotProcess
+from tests.fakes.e2e import SELF_ID, group_sid, private_sid, query, until, wait_log
+from tests.fakes.llm_server import Reply, ScriptedLLM
+from tests.fakes.onebot import OneBotSim, at, text
+from tests.fakes.pgdb import fresh_database, raw
+from tests.fakes.pgserver import PgServer
+
+PERSONA = "你是审计群里的助手小记。"
+ERROR_REPLY = "抱歉，我这边出了点问题，请稍后再试。"  # MEMSUM_ERROR_REPLY's default
+
+
+def is_chat(body: dict[str, Any]) -> bool:
+    return body["messages"][0]["content"] == PERSONA
+
+
+def bot_env(llm: ScriptedLLM, **extra: str) -> dict[str, str]:
+    return {
+        "MEMSUM_MODELS": json.dumps([llm.model_config("test/model")]),
+        "MEMSUM_PERSONA": PERSONA,
+        **extra,
+    }
+
+
+@pytest.fixture
+def answering(llm: ScriptedLLM) -> ScriptedLLM:
+    llm.reset()
+    llm.on_request(lambda b: Reply("好的") if is_chat(b) else None)
+    return llm
+
+
+async def said(db: Path | str, sid: str) -> list[str]:
+    rows = await query(db, "SELECT content FROM messages WHERE session_id = ? ORDER BY id", sid)
+    return [str(r[0]) for r in rows]
+
+
+@asynccontextmanager
+async def talking(
+    tmp_path: Path,
+    llm: ScriptedLLM,
+    settings: Mapping[str, str] | None = None,
+) -> AsyncIterator[tuple[BotProcess, OneBotSim]]:
+    """bot.py at INFO (the level an owner runs at) with `settings`, the simulator connected."""
+    bot = BotProcess(tmp_path / "bot", env=bot_env(llm, **(settings or {})), log_level="INFO")
+    async with bot:
+        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+        await sim.connect()
+        await wait_log(bot, f"Bot {SELF_ID} connected")
+        try:
+            yield bot, sim
+        finally:
+            await sim.close()
+
+
+def sends_to(sim: OneBotSim, *, group: int | None = None, user: int | None = None) -> list[str]:
+    """What the bot sent to one group or one private peer, in order (plain text)."""
+    from tests.fakes.onebot import SEND_ACTIONS, plain_text
+
+    out: list[str] = []
+    for call in sim.calls:
+        if call.action not in SEND_ACTIONS:
+            continue
+        p = call.params
+        if group is not None and int(p.get("group_id") or 0) == group:
+            out.append(plain_text(p.get("message")))
+        elif user is not None and int(p.get("user_id") or 0) == user and not p.get("group_id"):
+            out.append(plain_text(p.get("message")))
+    return out
+
+
+async def fill_the_disk(bot: BotProcess, sim: OneBotSim, group: int) -> None:
+    """The disk is full from now on: pastes in another group grow the database's WAL past
+    1 MB, then the bot may not write past 256 KB of any file (its log stays under that), so
+    every write to the database fails as one past the end of a full disk does."""
+    wal = bot.db_path.with_name(bot.db_path.name + "-wal")
+    for i in range(4):  # ~300 KB each in UTF-8
+        await sim.group_message(group, 20009, f"第{i}段粘贴" + "长文" * 50_000, nickname="贴")
+    await until(lambda: _holds(bot.db_path, group_sid(group), 4), "the pastes stored")
+    assert wal.stat().st_size > 1 << 20
+    assert bot.log_path.stat().st_size < FULL
+    assert bot._proc is not None
+    resource.prlimit(bot._proc.pid, resource.RLIMIT_FSIZE, (FULL, resource.RLIM_INFINITY))
+
+
+FULL = 256 << 10
+
+
+def room_again(bot: BotProcess) -> None:
+    assert bot._proc is not None
+    resource.prlimit(bot._proc.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+
+
+# ---- 1. a question while the database cannot be written -----------------------------------
+@pytest.mark.e2e
+@pytest.mark.parametrize("where", ["group", "private"])
+async def test_a_question_the_full_disk_refuses_gets_the_error_reply_and_nothing_stored_is_lost(
+    tmp_path: Path, answering: ScriptedLLM, where: str
+) -> None:
+    # The disk filled (another group pasting long texts). A member then asked the bot:
+    # the store refused the question and the member got no answer at all, as if the bot
+    # were gone. They now get MEMSUM_ERROR_REPLY, quoted; the owner one log line.
+    group, user = 7601, 20001
+    sid = group_sid(group) if where == "group" else private_sid(user)
+
+    async def ask(words: str, who: int = user, name: str = "甲") -> None:
+        if where == "group":
+            await sim.group_message(group, who, [at(SELF_ID), text(f" {words}")], nickname=name)
+        else:
+            await sim.private_message(user, words, nickname="甲")
+
+    def sent() -> list[str]:
+        return sends_to(sim, group=group) if where == "group" else sends_to(sim, user=user)
+
+    async with talking(tmp_path, answering) as (bot, sim):
+        await ask("磁盘满之前问的")
+        await until(lambda: _holds(bot.db_path, sid, 2), "the first question answered")
+        await fill_the_disk(bot, sim, 7699)
+        await ask("在吗？")
+        await until(lambda: _true(sent()[1:]), "an answer to the question")
+        assert sent() == ["好的", ERROR_REPLY]
+        chat_calls = len([b for b in answering.requests if is_chat(b)])
+        assert chat_calls == 1  # no turn without its question
+        log = bot.log()
+        assert log.count("memsum: cannot store messages") == 1
+        assert "Traceback" not in log
+        # A second question within the minute: no second apology, no second log line.
+        # (The sends checked below, after a later question, would show a second apology.)
+        await ask("我也问", 20002, "乙")
+        await asyncio.sleep(1)  # handled in milliseconds: refused before the disk has room
+        room_again(bot)
+        await ask("现在呢？")
+        await until(lambda: _holds(bot.db_path, sid, 4), "the answer once there is room")
+        assert await said(bot.db_path, sid) == [
+            f"[甲(20001)] {'@小记(10000) ' if where == 'group' else ''}磁盘满之前问的",
+            "好的",
+            f"[甲(20001)] {'@小记(10000) ' if where == 'group' else ''}现在呢？",
+            "好的",
+        ]
+        assert sent() == ["好的", ERROR_REPLY, "好的"]
+        log = bot.log()
+        assert log.count("memsum: cannot store messages") == 1
+        assert "messages are stored again; 2 were not" in log
+
+
+async def _holds(db: Path | str, sid: str, n: int) -> bool:
+    return len(await said(db, sid)) >= n
+
+
+async def _true(value: object) -> bool:
+    return bool(value)
+
+
+@pytest.mark.e2e
+async def test_a_full_disk_while_the_model_thinks_gets_the_error_reply_and_one_line(
+    tmp_path: Path, llm: ScriptedLLM
+) -> None:
+    # The question was stored; while the model thought, the disk filled. The answer could
+    # not be stored, and the error reply was not sent either (marking it as being sent is
+    # a write too): the member got nothing, the owner a traceback.
+    llm.reset()
+    group = 7602
+    sid = group_sid(group)
+    async with talking(tmp_path, llm) as (bot, sim):
+        with llm.gate(Reply("想好了：周六。"), holds=is_chat) as gate:
+            await sim.group_message(group, 20001, [at(SELF_ID), text(" 哪天去？")], nickname="甲")
+            await gate.reached()
+            await fill_the_disk(bot, sim, 7699)
+            gate.open()
+            await until(lambda: _true(sends_to(sim, group=group)), "an answer to the question")
+        assert sends_to(sim, group=group) == [ERROR_REPLY]
+        assert await said(bot.db_path, sid) == ["[甲(20001)] @小记(10000) 哪天去？"]
+        log = await wait_log(bot, f"memsum: turn {sid} error")
+        assert "Traceback" not in log
+        assert f"memsum: turn of {sid} failed: the database refused it" in log
+
+
+@pytest.mark.e2e
+async def test_a_question_while_postgresql_is_down_gets_the_error_reply_where_the_mode_is_known(
+    tmp_path: Path, pg_server: PgServer, answering: ScriptedLLM
+) -> None:
+    # A `docker restart` of the owner's PostgreSQL: a question asked meanwhile was not
+    # stored (its place's mode could not even be read) and got no answer at all. A group
+    # whose mode the bot read before the outage now gets the error reply; a group it never
+    # read since its start might be 关, so it stays quiet.
+    known, unknown = 7611, 7612
+    async with fresh_database(pg_server.url()) as url:
+        db = urlsplit(url).path.lstrip("/")
+        settings = {"MEMSUM_DB_URL": url, "MEMSUM_BACKFILL_COUNT": "0"}
+        async with talking(tmp_path, answering, settings) as (bot, sim):
+            await sim.group_message(known, 20001, "停机之前", nickname="甲")
+            await until(lambda: _holds(url, group_sid(known), 1), "the first message stored")
+            pg_server.psql(f'ALTER DATABASE "{db}" WITH ALLOW_CONNECTIONS false')
+            try:
+                await raw(
+                    pg_server.url(),
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = ?",
+                    (db,),
+                )
+                await sim.group_message(unknown, 20002, [at(SELF_ID), text(" 有人吗")], nickname="乙")
+                await sim.group_message(known, 20001, [at(SELF_ID), text(" 在吗？")], nickname="甲")
+                await until(lambda: _true(sends_to(sim, group=known)), "an answer in the known group")
+                await wait_log(bot, "cannot store messages in the database")
+            finally:
+                pg_server.psql(f'ALTER DATABASE "{db}" WITH ALLOW_CONNECTIONS true')
+            assert sends_to(sim, group=known) == [ERROR_REPLY]
+            assert sends_to(sim, group=unknown) == []
+            await sim.group_message(known, 20001, [at(SELF_ID), text(" 现在呢？")], nickname="甲")
+            await until(lambda: _holds(url, group_sid(known), 3), "the answer after the outage")
+            log = bot.log()
+        assert await said(url, group_sid(known)) == [
+            "[甲(20001)] 停机之前",
+            "[甲(20001)] @小记(10000) 现在呢？",
+            "好的",
+        ]
+        assert sends_to(sim, group=known) == [ERROR_REPLY, "好的"]
+        assert sends_to(sim, group=unknown) == []
+        assert log.count("cannot store messages in the database") == 1
+        assert "Traceback" not in log
