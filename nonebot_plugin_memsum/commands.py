@@ -32,6 +32,7 @@ from nonebot.typing import T_State
 
 from . import clock, onebot, runtime, usage
 from .agent import recall
+from .agent.turn import Entry
 from .compression.service import STORE_FAILED, CompressionError, CompressionResult, SessionStatus
 from .config import PERSONA_MAX, Config, Mode
 from .lru import LRU
@@ -256,9 +257,15 @@ async def _mode(call: _Call) -> str:
         await rt.settings.reset("mode", scope, key)
     elif words:
         await rt.settings.set("mode", scope, key, _WORD_MODES[words[0]])
-    now = mode_text(await rt.settings.of_place("mode", call.record), where)
+    resolved = await rt.settings.of_place("mode", call.record)
+    now = mode_text(resolved, where)
     if not words:
         return now
+    if resolved.value != "off":
+        # Chatter recorded since the last turn end was never judged: a place switched on
+        # is judged once now, as a 仅记录 place is after each message, so its first
+        # question does not wait for the backlog's compression.
+        await rt.compression.judge_recorded(call.record.id, Entry(call.record.platform, call.record.kind))
     logger.info(f"memsum: {call.event.user_id} set the mode of {scope} {key}: {words[0]}")
     done = f"已恢复{where}模式为默认。" if words == ("默认",) else f"已将{where}模式设为 {words[0]}。"
     return f"{done}\n现在：{now}"

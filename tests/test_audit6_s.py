@@ -35,6 +35,7 @@ from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.onebot import OneBotSim, at, text
 from tests.fakes.pgdb import fresh_database, raw
 from tests.fakes.pgserver import PgServer
+from tests.fakes.service import is_summary
 
 PERSONA = "你是审计群里的助手小记。"
 ERROR_REPLY = "抱歉，我这边出了点问题，请稍后再试。"  # MEMSUM_ERROR_REPLY's default
@@ -246,3 +247,69 @@ async def test_a_question_while_postgresql_is_down_gets_the_error_reply_where_th
         assert sends_to(sim, group=unknown) == []
         assert log.count("cannot store messages in the database") == 1
         assert "Traceback" not in log
+
+
+# ---- 2. a 开 place that gets no turn --------------------------------------------------------
+SUMMARY = "【保留原文】无\n## 最近在聊什么\n闲聊\n## 谁有问题没回应\n无\n## 关键原话要点\n无"
+
+
+def summarising(llm: ScriptedLLM) -> ScriptedLLM:
+    llm.reset()
+    llm.on_request(lambda b: Reply(SUMMARY) if is_summary(b) else Reply("好的") if is_chat(b) else None)
+    return llm
+
+
+async def summarised(db: Path) -> bool:
+    return bool(await query(db, "SELECT 1 FROM metadata WHERE namespace = 'summary'"))
+
+
+@pytest.mark.e2e
+async def test_r_trig_4_a_capped_group_still_compresses_what_it_records(
+    tmp_path: Path, llm: ScriptedLLM
+) -> None:
+    # Issue 10: "a compression is never stopped by the cap (it is what keeps the memory
+    # within the window)". A 开 group over its daily cap records on, but no turn ends, so
+    # nothing judged its lines: the history grew past the count line all day and the next
+    # day's first question waited for (or was cut by) the whole backlog. A question the cap
+    # leaves unanswered is now judged as the turn it would have been, as 仅记录 is.
+    summarising(llm)
+    group = 7621
+    sid = group_sid(group)
+    settings = {"MEMSUM_HISTORY_LIMIT": "4", "MEMSUM_DAILY_TOKEN_CAP": "1"}
+    async with talking(tmp_path, llm, settings) as (bot, sim):
+        await sim.group_message(group, 20001, [at(SELF_ID), text(" 早")], nickname="甲")
+        await until(lambda: _holds(bot.db_path, sid, 2), "the answer before the cap")
+        for i in range(3):
+            await sim.group_message(group, 20002, f"第{i}句闲聊", nickname="乙")
+        await sim.group_message(group, 20003, [at(SELF_ID), text(" 还在吗")], nickname="丙")
+        await until(lambda: _true(sends_to(sim, group=group)[1:]), "the cap notice")
+        assert sends_to(sim, group=group)[1] == "今天的额度已经用完了，明天再聊吧。"
+        await until(lambda: summarised(bot.db_path), "a compression of the capped group")
+        await wait_log(bot, f"memsum: compression {sid} done")
+    assert len([b for b in llm.requests if is_chat(b)]) == 1
+
+
+@pytest.mark.e2e
+async def test_a_group_switched_on_again_over_its_count_line_compresses_at_once(
+    tmp_path: Path, llm: ScriptedLLM
+) -> None:
+    # A 开 group chatted past its count line without asking the bot (a turn end judges
+    # the line, and there was none); the owner switched it off for the night and on again
+    # in the morning. Nothing compressed until someone asked, and that first answer waited
+    # for the summariser. Switching a place on (开 or 仅记录) now judges it once, as a
+    # 仅记录 place is judged after each message.
+    summarising(llm)
+    group = 7622
+    sid = group_sid(group)
+    async with talking(tmp_path, llm, {"MEMSUM_HISTORY_LIMIT": "4"}) as (bot, sim):
+        for i in range(5):
+            await sim.group_message(group, 20002, f"第{i}句闲聊", nickname="乙")
+        await until(lambda: _holds(bot.db_path, sid, 5), "the chatter stored")
+        await sim.group_message(group, 10001, "/记忆模式 关", nickname="主人")
+        await until(lambda: _true(sends_to(sim, group=group)), "the mode switched off")
+        assert not await summarised(bot.db_path)
+        await sim.group_message(group, 10001, "/记忆模式 开", nickname="主人")
+        await until(lambda: _true(sends_to(sim, group=group)[1:]), "the mode switched on")
+        await until(lambda: summarised(bot.db_path), "a compression once the group is on")
+        await wait_log(bot, f"memsum: compression {sid} done")
+    assert not [b for b in llm.requests if is_chat(b)]

@@ -95,6 +95,9 @@ async def answer_if_allowed(
     logger.debug(f"memsum: not answering message {trigger} of {record.id}: {decision}")
     if decision == "cap_notice":
         await replier(bot, event)(CAP_NOTICE)
+    # No turn ends for it: judged as the turn it would have been, as a 仅记录 place's
+    # messages are, so the cap never stops the memory's compression (issue 10).
+    await rt.compression.judge_recorded(record.id, entry_of(record))
 
 
 def _asks(event: GroupMessageEvent | PrivateMessageEvent) -> bool:

@@ -25,6 +25,7 @@ from pydantic import BaseModel
 
 from nonebot_plugin_memsum import clock, usage
 from nonebot_plugin_memsum.agent import recall
+from nonebot_plugin_memsum.agent.turn import Entry
 from nonebot_plugin_memsum.commands import receipt
 from nonebot_plugin_memsum.compression.request import CompressionError
 from nonebot_plugin_memsum.compression.service import BACKOFF_NAMESPACE, USAGE_NAMESPACE
@@ -334,6 +335,9 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
             sid, **({"entry_platform": record.platform, "entry_type": record.kind} if record else {})
         )
         value = resolved[name].value
+        if name == "mode" and value != "off" and record is not None:
+            # A place switched on is judged once, as /记忆模式 does (commands.py).
+            await rt.compression.judge_recorded(sid, Entry(record.platform, record.kind))
         return {
             "value": value,
             "text": views.setting_text(name, value),
