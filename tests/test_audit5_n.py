@@ -509,9 +509,11 @@ async def test_r_trig_3_a_summary_over_half_the_new_line_is_rewritten_before_the
         assert chat["messages"][-1] == {"role": "user", "content": question.content}, turn
     (request,) = model.summary_requests()  # one rewrite, then the summary fits: no second run
     assert existing_summary_of(request) == old
-    # No usage of the new model yet, so no line: R-BUD-6, at most ⅔ of the summary model's
-    # physical cap (4096) = 2730; the scripted summariser writes far less.
-    assert stated(request)[0] == 2730
+    # The run's line is the one of the request it makes room for (R-TRIG-1's snapshot of it;
+    # audit 6 s): E = 3072, so 0.1 × E → the floor 1000 → E / 4 = 768 wins. It was R-BUD-6's
+    # 2730 (no usage of the new model yet), over E / 2: a summariser that used it wrote a
+    # summary the next turn had to rewrite again.
+    assert stated(request)[0] == 768
     record = await summary_of(rt)
     assert record is not None
     assert record["text"] != old

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import resource
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -29,13 +30,16 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from nonebot_plugin_memsum import runtime
+from nonebot_plugin_memsum.compression.service import USAGE_NAMESPACE
+from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE
 from tests.fakes.botproc import BotProcess
 from tests.fakes.e2e import SELF_ID, group_sid, private_sid, query, until, wait_log
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.onebot import OneBotSim, at, text
 from tests.fakes.pgdb import fresh_database, raw
 from tests.fakes.pgserver import PgServer
-from tests.fakes.service import is_summary
+from tests.fakes.service import GROUP, IN_GROUP, Env, Make, is_summary, seed, settle, stated, usage
 
 PERSONA = "你是审计群里的助手小记。"
 ERROR_REPLY = "抱歉，我这边出了点问题，请稍后再试。"  # MEMSUM_ERROR_REPLY's default
@@ -313,3 +317,67 @@ async def test_a_group_switched_on_again_over_its_count_line_compresses_at_once(
         await until(lambda: summarised(bot.db_path), "a compression once the group is on")
         await wait_log(bot, f"memsum: compression {sid} done")
     assert not [b for b in llm.requests if is_chat(b)]
+
+
+# ---- 3. the first compression after a change of chat model (R-BUD-1, R-TRIG-1) -------------
+OLD_SUMMARY_TEXT = (
+    "## 最近在聊什么\n" + "旧话题的细节。" * 520 + "\n## 谁有问题没回应\n无\n## 关键原话要点\n无"
+)
+
+
+async def moved_to_a_4k_model(make: Make, tmp_path: Path) -> Env:
+    """A group that talked under a 32k chat model (its latest usage is that model's, kept
+    across the restart), with a summary written then; the owner restarts the bot with a
+    4k chat model on the same file: trim budget 4096 − 1024 = 3072 = E."""
+    db = tmp_path / "moved.db"
+    old = await make(chat={"context_window": 32000}, location=db)
+    await old.rt.store.put_meta(
+        SUMMARY_NAMESPACE,
+        GROUP.id,
+        {"text": OLD_SUMMARY_TEXT, "template": "chat", "time": 1.0, "kept_messages": 0},
+    )
+    await seed(old.rt, 2, size=30)
+    old.model.chat.append(Reply("好的", usage=usage(5000)))
+    await old.rt.agent.run_turn(GROUP.id, entry=IN_GROUP)
+    await settle(old.rt)
+    await runtime.close(old.rt)
+    new = await make(chat={"context_window": 4096}, location=db)
+    stored = await new.rt.store.get_meta(USAGE_NAMESPACE, GROUP.id)
+    assert stored is not None
+    assert stored["window"] == 32000  # what the bot knows of the session: the old model's usage
+    return new
+
+
+# E = 3072, ratio 0.1: 307 → the floor 1000 → E / 4 = 768 wins (R-BUD-1/3); under the old
+# model's line (E = 25,600) it was 2,560, over the new E / 2 = 1,536.
+NEW_BUDGET = 768
+
+
+async def test_r_bud_1_the_in_turn_run_after_a_model_change_uses_the_new_models_line(
+    make: Make, tmp_path: Path
+) -> None:
+    # The first question under the new model finds the old summary alone over the new trim
+    # budget, so the turn compresses first (issue 9's in-turn run). That run's budget came
+    # from the latest usage, the old model's: a summary of up to 2,560 tokens, itself over
+    # E / 2 of the new line, so the next turn rewrote it again, and the one after. The turn's
+    # request snapshot (R-TRIG-1: every usage, snapshots too, sets the budget's window) now
+    # goes out before the in-turn run, so its line is the new model's.
+    env = await moved_to_a_4k_model(make, tmp_path)
+    await seed(env.rt, 2, start=10, size=30)
+    env.model.chat.append(Reply("好的", usage=usage(2000)))
+    await env.rt.agent.run_turn(GROUP.id, entry=IN_GROUP)
+    await settle(env.rt)
+    (request,) = env.model.summary_requests()
+    assert stated(request)[0] == NEW_BUDGET
+    assert request["max_tokens"] == math.ceil(1.5 * NEW_BUDGET)  # R-BUD-7
+
+
+async def test_r_bud_1_a_manual_compression_after_a_model_change_uses_the_new_models_line(
+    make: Make, tmp_path: Path
+) -> None:
+    # /压缩 right after the restart, before anyone spoke: the stored latest usage is the old
+    # model's, which no request will carry again. The line is the chat model's now.
+    env = await moved_to_a_4k_model(make, tmp_path)
+    await env.rt.compression.compress(GROUP.id)
+    (request,) = env.model.summary_requests()
+    assert stated(request)[0] == NEW_BUDGET

@@ -16,7 +16,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from nonebot.log import logger
@@ -183,6 +183,8 @@ class _Run:
     """Run by the session's own turn, which holds the turn lock (`make_room`)."""
     question: int | None = None
     """In a turn: the stored id of its earliest unanswered question; the span ends before it."""
+    entry: Entry | None = None
+    """In a turn: the entry of the request it makes room for."""
     clear_mark: Any = None
     """The session's clear mark when the run began (CLEARS_NAMESPACE; shared stores only)."""
 
@@ -547,7 +549,7 @@ class CompressionService:
             return False
         if session_id in self._runs:  # R-PROG-3: a run (a /压缩) began while this turn decided
             return False
-        result = await self._run_counted(session_id, _Run(in_turn=True, question=question))
+        result = await self._run_counted(session_id, _Run(in_turn=True, question=question, entry=entry))
         return result is not None and result.outcome == "done"
 
     async def _start_background(self, sid: str) -> None:
@@ -800,11 +802,19 @@ class CompressionService:
         if template.name == "work" and self.todos is not None:  # R-RUN-4
             todos = [(i.status, i.title) for i in await self.todos.items(session_id)]
         usage = await self._usage(session_id)
+        chat = self.registry.resolve("chat")
         line = None
-        if usage is not None:  # R-BUD-1/6: the line of the latest usage, if any
+        if run.entry is not None and chat is not None:
+            # In a turn: the request the run makes room for is the latest usage (R-TRIG-1's
+            # snapshot, not emitted yet). Before a new model's first usage the line would
+            # otherwise be the old model's, or none at all (R-BUD-6: up to ⅔ of the summary
+            # model's cap), and the summary written could itself pass the new line.
+            at = await self.compress_at(session_id, run.entry.platform, run.entry.platform_type)
+            line = compression_line(at, chat.context_window, self.agent.trim_budget_of(chat))
+        elif usage is not None:  # R-BUD-1/6: the line of the latest usage, if any
             at = await self.compress_at(session_id, usage.platform, usage.platform_type)
             line = compression_line(at, usage.window, usage.trim_budget)
-            run.line = int(line) if line is not None else None
+        run.line = int(line) if line is not None else None
         est = run_estimators()
 
         def start_plan() -> ChunkPlan:  # estimates and numbering of the whole span: off the loop
@@ -987,9 +997,25 @@ class CompressionService:
                 usage = None
             if usage is None:
                 usage = self._latest_usage.get(session_id)
-            elif not self.store.shared:
-                self._latest_usage.setdefault(session_id, usage)
+            else:
+                usage = self._as_configured(usage)
+                if not self.store.shared:
+                    self._latest_usage.setdefault(session_id, usage)
         return usage
+
+    def _as_configured(self, usage: UsageEvent) -> UsageEvent:
+        """A usage stored before a restart, read in the configuration of this one. The owner
+        moved to a chat model of another window (MEMSUM_MODELS edited, or another model in
+        the old one's place): no request will carry the old window again, and the next
+        one's snapshot carries the new one (R-TRIG-1), so the line is the chat model's now
+        and the summary is written for the model that will read it (R-BUD-1)."""
+        chat = self.registry.resolve("chat")
+        known = self.registry.get(usage.model_id)
+        if chat is None or (known is not None and known.context_window == usage.window):
+            return usage
+        return replace(
+            usage, model_id=chat.id, window=chat.context_window, trim_budget=self.agent.trim_budget_of(chat)
+        )
 
     async def _backoff_of(self, session_id: str) -> Backoff:
         """The session's back-off: remembered here, read from the store the first time; with
