@@ -45,6 +45,33 @@ def day_start(ts: float, zone: tzinfo, days_back: int = 0) -> float:
     return datetime.combine(day, time(0), tzinfo=zone).timestamp()
 
 
+def offset_spans(since: float, until: float, zone: tzinfo) -> list[tuple[float, float, int]]:
+    """[since, until) cut where `zone`'s UTC offset changes (daylight saving): (start, end,
+    seconds east of UTC). Within a span a time's local day is (ts + offset) // 86400, so
+    a day of 23 or 25 hours is counted as the zone has it; no day twice, none skipped."""
+
+    def offset(ts: float) -> int:
+        delta = datetime.fromtimestamp(ts, zone).utcoffset()
+        return int(delta.total_seconds()) if delta else 0
+
+    spans: list[tuple[float, float, int]] = []
+    start, current = since, offset(since)
+    step = 86400.0  # offsets change at most a few times a year, never twice in a day
+    probe = since
+    while probe < until:
+        nxt = min(probe + step, until)
+        if offset(nxt) != current and nxt < until:
+            low, high = probe, nxt  # the change lies in (low, high]: to the second
+            while high - low > 1:
+                mid = (low + high) // 2
+                low, high = (mid, high) if offset(mid) == current else (low, mid)
+            spans.append((start, high, current))
+            start, current = high, offset(high)
+        probe = nxt
+    spans.append((start, until, current))
+    return spans
+
+
 def period_start(period: str, now: float, zone: tzinfo) -> float | None:
     """When a period of PERIODS begins (None: the whole ledger)."""
     days = PERIODS[period]

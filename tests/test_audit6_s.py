@@ -24,15 +24,22 @@ import math
 import resource
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+from zoneinfo import ZoneInfo
 
+import httpx
 import pytest
+from fastapi import FastAPI
 
-from nonebot_plugin_memsum import runtime
+from nonebot_plugin_memsum import clock, runtime
+from nonebot_plugin_memsum import usage as ledger
 from nonebot_plugin_memsum.compression.service import USAGE_NAMESPACE
+from nonebot_plugin_memsum.config import Config
 from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE
+from nonebot_plugin_memsum.web.app import create_app
 from tests.fakes.botproc import BotProcess
 from tests.fakes.e2e import SELF_ID, group_sid, private_sid, query, until, wait_log
 from tests.fakes.llm_server import Reply, ScriptedLLM
@@ -40,6 +47,7 @@ from tests.fakes.onebot import OneBotSim, at, text
 from tests.fakes.pgdb import fresh_database, raw
 from tests.fakes.pgserver import PgServer
 from tests.fakes.service import GROUP, IN_GROUP, Env, Make, is_summary, seed, settle, stated, usage
+from tests.fakes.web import serving
 
 PERSONA = "你是审计群里的助手小记。"
 ERROR_REPLY = "抱歉，我这边出了点问题，请稍后再试。"  # MEMSUM_ERROR_REPLY's default
@@ -381,3 +389,77 @@ async def test_r_bud_1_a_manual_compression_after_a_model_change_uses_the_new_mo
     await env.rt.compression.compress(GROUP.id)
     (request,) = env.model.summary_requests()
     assert stated(request)[0] == NEW_BUDGET
+
+
+# ---- 5. the web page's days across daylight-saving changes ----------------------------------
+NEW_YORK = ZoneInfo("America/New_York")
+
+
+def new_york(y: int, mo: int, d: int, h: int, mi: int = 30, *, fold: int = 0) -> float:
+    return datetime(y, mo, d, h, mi, tzinfo=NEW_YORK, fold=fold).timestamp()
+
+
+# (when, the New York day it belongs to). 2026-03-08 is 23 hours long (02:00 EST → 03:00
+# EDT), 2026-11-01 is 25 (02:00 EDT → 01:00 EST: 01:30 happens twice).
+CALLS = [
+    (new_york(2026, 3, 7, 23), "2026-03-07"),
+    (new_york(2026, 3, 8, 0), "2026-03-08"),
+    (new_york(2026, 3, 8, 23), "2026-03-08"),
+    (new_york(2026, 3, 9, 0), "2026-03-09"),
+    (new_york(2026, 10, 31, 23), "2026-10-31"),
+    (new_york(2026, 11, 1, 0), "2026-11-01"),
+    (new_york(2026, 11, 1, 1, fold=0), "2026-11-01"),
+    (new_york(2026, 11, 1, 1, fold=1), "2026-11-01"),
+    (new_york(2026, 11, 1, 23), "2026-11-01"),
+    (new_york(2026, 11, 2, 0), "2026-11-02"),
+]
+
+
+@pytest.mark.parametrize("today", [(2026, 11, 2, 12), (2026, 3, 8, 12), (2026, 7, 1, 12)])
+async def test_the_usage_pages_days_are_new_york_days_on_both_sides_of_a_dst_change(
+    tmp_path: Path, llm: ScriptedLLM, monkeypatch: pytest.MonkeyPatch, today: tuple[int, int, int, int]
+) -> None:
+    # The page counted every day with the zone's offset of the moment it was opened: in
+    # November, the hour after midnight of each summer day went to the day before (and in
+    # summer the hour before midnight of each winter day to the day after), so a day's
+    # figures on the page disagreed with /用量 for the same day.
+    cfg = Config.model_validate(
+        {
+            "memsum_models": [llm.model_config("test/chat", priority=1)],
+            "memsum_timezone": "America/New_York",
+            "memsum_web_token": WEB_TOKEN,
+        }
+    )
+    rt = await runtime.build(cfg, tmp_path / "dst.db", ["小记"], {"10001"})
+    try:
+        for ts, _ in CALLS:
+            monkeypatch.setattr(clock, "now", lambda ts=ts: ts)
+            await rt.store.record_usage("onebot:10000:group:1", "对话", "test/chat", 100, 10)
+        now = datetime(*today, tzinfo=NEW_YORK).timestamp()
+        monkeypatch.setattr(clock, "now", lambda: now)
+        expected: dict[str, int] = {}
+        for ts, day in CALLS:
+            if ts < now:
+                expected[day] = expected.get(day, 0) + 1
+        app = create_app(lambda: rt, WEB_TOKEN, _no_names)
+        root = FastAPI()
+        root.mount("/memsum", app)
+        async with serving(root) as base, httpx.AsyncClient(base_url=base + "/memsum/") as page:
+            resp = await page.post("api/login", json={"token": WEB_TOKEN})
+            assert resp.status_code == 200
+            rows = (await page.get("api/usage?days=400")).json()["rows"]
+            shown: dict[str, int] = {}
+            for row in rows:
+                shown[row["day"]] = shown.get(row["day"], 0) + row["calls"]
+            assert shown == expected
+            today_calls = (await page.get("api/overview")).json()["today"]["calls"]
+        assert today_calls == expected.get(ledger.day_of(now, NEW_YORK), 0)
+    finally:
+        await runtime.close(rt)
+
+
+WEB_TOKEN = "web-test-token-0123456789abcdef"
+
+
+async def _no_names() -> dict[str, str]:
+    return {}

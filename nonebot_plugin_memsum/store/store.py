@@ -698,13 +698,20 @@ class Tx:
         return result
 
     async def usage_by_day(
-        self, since: float = 0.0, session_id: str | None = None, utc_offset: int = 0
+        self,
+        since: float = 0.0,
+        session_id: str | None = None,
+        utc_offset: int = 0,
+        until: float | None = None,
     ) -> list[DailyUsage]:
-        """Ledger totals per day, model and purpose from `since` on, oldest day first; of one
-        session, or of every call. Days start at midnight `utc_offset` seconds east of UTC
-        (integer arithmetic: SQLite's 'localtime' modifier per row cost a second over 100k rows)."""
-        where = "ts >= ?" + (" AND session_id = ?" if session_id is not None else "")
-        params: tuple[Any, ...] = (utc_offset, since) + ((session_id,) if session_id is not None else ())
+        """Ledger totals per day, model and purpose from `since` on (before `until`), oldest
+        day first; of one session, or of every call. Days start at midnight `utc_offset`
+        seconds east of UTC (integer arithmetic: SQLite's 'localtime' modifier per row cost a
+        second over 100k rows; a zone with daylight saving asks per span, `usage.offset_spans`)."""
+        where = "ts >= ?" + (" AND ts < ?" if until is not None else "")
+        where += " AND session_id = ?" if session_id is not None else ""
+        params: tuple[Any, ...] = (utc_offset, since) + ((until,) if until is not None else ())
+        params += (session_id,) if session_id is not None else ()
         rows = await self._fetch(
             f"SELECT {self._live().day('ts')} AS day, model, purpose, COUNT(*), SUM(tokens_in),"
             f" SUM(tokens_out), SUM(tokens_cached) FROM ledger WHERE {where}"
@@ -1211,10 +1218,14 @@ class Store:
             return await tx.all_settings()
 
     async def usage_by_day(
-        self, since: float = 0.0, session_id: str | None = None, utc_offset: int = 0
+        self,
+        since: float = 0.0,
+        session_id: str | None = None,
+        utc_offset: int = 0,
+        until: float | None = None,
     ) -> list[DailyUsage]:
         async with self._statement() as tx:
-            return await tx.usage_by_day(since, session_id, utc_offset)
+            return await tx.usage_by_day(since, session_id, utc_offset, until)
 
     async def usage_series(self, session_id: str, purpose: str, limit: int = 500) -> list[tuple[float, int]]:
         async with self._statement() as tx:

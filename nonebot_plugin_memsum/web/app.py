@@ -12,7 +12,6 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import datetime
 from importlib.resources import files
 from pathlib import Path
 from typing import Any, Literal
@@ -35,7 +34,7 @@ from nonebot_plugin_memsum.lru import LRU
 from nonebot_plugin_memsum.runtime import Runtime
 from nonebot_plugin_memsum.settings import MODE_WORDS, SETTING_NAMES
 from nonebot_plugin_memsum.store import SearchQuery
-from nonebot_plugin_memsum.types import SessionRecord
+from nonebot_plugin_memsum.types import DailyUsage, SessionRecord
 
 from . import views
 from .auth import SESSION_SECONDS, Auth, WebSession, same_origin, same_token
@@ -165,7 +164,7 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
             rt.store.session_overview(CHAT_PURPOSE),
             rt.store.last_compressions(),
             rt.store.all_settings(),
-            rt.store.usage_by_day(since=_midnight(rt), utc_offset=_utc_offset(rt)),
+            _by_day(rt, _midnight(rt)),
             names(),
             rt.store.meta_values(BACKOFF_NAMESPACE),  # R-BACK-3, as the service keeps it
         )
@@ -395,10 +394,24 @@ def _midnight(rt: Runtime) -> float:
     return usage.day_start(clock.now(), usage.zone_of(rt.config))
 
 
-def _utc_offset(rt: Runtime) -> int:
-    """That time zone now, in seconds east of UTC: where the usage page's days start."""
-    offset = datetime.fromtimestamp(clock.now(), usage.zone_of(rt.config)).utcoffset()
-    return int(offset.total_seconds()) if offset else 0
+async def _by_day(rt: Runtime, since: float) -> list[DailyUsage]:
+    """The ledger per day of the bot's time zone from `since` on: each span of one UTC
+    offset asked with its own (a DST day has 23 or 25 hours), the spans' rows merged."""
+    merged: dict[tuple[str, str, str], DailyUsage] = {}
+    # A second ahead: a row written as the page asks is not left out.
+    for start, end, offset in usage.offset_spans(since, clock.now() + 1, usage.zone_of(rt.config)):
+        for row in await rt.store.usage_by_day(since=start, utc_offset=offset, until=end):
+            key = (row.day, row.model, row.purpose)
+            if (seen := merged.get(key)) is not None:
+                row = dataclasses.replace(
+                    seen,
+                    calls=seen.calls + row.calls,
+                    tokens_in=seen.tokens_in + row.tokens_in,
+                    tokens_out=seen.tokens_out + row.tokens_out,
+                    tokens_cached=seen.tokens_cached + row.tokens_cached,
+                )
+            merged[key] = row
+    return sorted(merged.values(), key=lambda r: (r.day, r.model, r.purpose))
 
 
 def _day(rt: Runtime, text: str | None, *, end: bool = False) -> float | None:
@@ -421,7 +434,7 @@ async def _usage_rows(rt: Runtime, days: int) -> list[dict[str, Any]]:
     if not 1 <= days <= 3660:
         raise HTTPException(400, "天数须在 1 到 3660 之间")
     since = usage.day_start(clock.now(), usage.zone_of(rt.config), days - 1)
-    rows = await rt.store.usage_by_day(since=since, utc_offset=_utc_offset(rt))
+    rows = await _by_day(rt, since)
     return views.usage_view(rows, _models(rt))
 
 
