@@ -6,6 +6,7 @@ plugins listed under `[tool.nonebot]` of a `pyproject.toml` in that folder (wher
 """
 
 import functools
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,9 @@ import nonebot.message
 from nonebot.adapters.onebot.v11 import Adapter as OneBotV11Adapter
 from nonebot.adapters.onebot.v11 import Event as OneBotV11Event
 from nonebot.adapters.onebot.v11.exception import NoLogException
+from nonebot.config import SettingsError
 from nonebot.log import default_filter, default_format, logger, logger_id
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 
 
 class _PerEventLines:
@@ -108,9 +110,49 @@ def _log_to_stdout(level: int | str) -> int:
     return logger.add(sys.stdout, level=level, diagnose=False, filter=_log_filter, format=default_format)
 
 
+# NoneBot's own keys that hold a JSON list: the form to show an owner who wrote one wrong.
+_LIST_KEYS = {
+    "superusers": 'SUPERUSERS=["10001", "10002"] (QQ numbers in double quotes)',
+    "nickname": 'NICKNAME=["小记"]',
+    "command_start": 'COMMAND_START=["/"]',
+    "command_sep": 'COMMAND_SEP=["."]',
+}
+
+
+def _init_refused(err: Exception) -> str:
+    """One line naming the `.env` key NoneBot's own settings refused (SUPERUSERS written
+    `[10001]`, a list with a full-width comma, a PORT that is no number) instead of
+    pydantic's stack: never the value itself (R-CFG-1)."""
+    if isinstance(err, SettingsError):
+        found = re.search(r'env var "([^"]+)"', str(err))
+        key = found.group(1) if found else "?"
+        why = f"the value is not valid JSON ({err.__cause__})" if err.__cause__ else str(err)
+    elif isinstance(err, ValidationError):
+        first = err.errors(include_url=False)[0]
+        key = str(first["loc"][0]) if first["loc"] else "?"
+        why = first["msg"] + "".join(f" (item {p})" for p in first["loc"][1:2])
+    else:
+        key, why = "?", type(err).__name__
+    example = _LIST_KEYS.get(key.lower())
+    hint = f"; write it like {example}" if example else ""
+    return f"bot.py: invalid {key.upper()} in .env: {why}{hint}"
+
+
 logger.remove(logger_id)
 _handler = _log_to_stdout(0)  # until nonebot.init() has read LOG_LEVEL
-nonebot.init()
+if not Path(".env").is_file():
+    # Started from another folder than the one holding .env (or before copying
+    # .env.example): NoneBot would run on its defaults without a word.
+    logger.warning(
+        f"bot.py: no .env in {Path.cwd()}: NoneBot's defaults apply, and no MEMSUM_ key (NoneBot"
+        " reads a plugin's keys only from .env); copy .env.example to .env there and fill in the"
+        " model, SUPERUSERS and ONEBOT_ACCESS_TOKEN, or start bot.py from the folder holding your .env"
+    )
+try:
+    nonebot.init()
+except (SettingsError, ValidationError) as refused:
+    logger.opt(colors=False).critical(_init_refused(refused))
+    sys.exit(2)
 # At the configured level, not 0: below every handler's level loguru returns before it
 # builds a record, and NoneBot's debug and trace lines for each event and matcher cost
 # about 5 % of the bot's CPU at a thousand groups when only the filter dropped them.

@@ -1,5 +1,6 @@
 """nonebot-plugin-memsum: LLM chat memory that survives long conversations."""
 
+import os
 import sys
 
 from nonebot import get_driver, require
@@ -7,7 +8,14 @@ from nonebot.log import logger
 from nonebot.plugin import PluginMetadata
 
 from .commands import USAGE, is_memsum_command, register_commands
-from .config import Config, ConfigError, parse_config, unknown_keys
+from .config import (
+    Config,
+    ConfigError,
+    environment_only_keys,
+    parse_config,
+    superuser_problems,
+    unknown_keys,
+)
 from .errors import StoreError
 
 __plugin_meta__ = PluginMetadata(
@@ -51,7 +59,11 @@ if not _run_as_tool():
         logger.opt(colors=False).critical(f"nonebot-plugin-memsum: {err}")
         raise StartUpRefused(2) from None
 
-    for line in unknown_keys(raw_config):
+    for line in (
+        unknown_keys(raw_config)
+        + environment_only_keys(os.environ, raw_config)
+        + superuser_problems(get_driver().config.superusers)
+    ):
         logger.warning(f"nonebot-plugin-memsum: {line}")
 
     from nonebot_plugin_localstore import get_plugin_data_file

@@ -9,7 +9,8 @@ from __future__ import annotations
 import difflib
 import json
 import os
-from collections.abc import Mapping
+import unicodedata
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
@@ -316,6 +317,36 @@ def unknown_keys(raw: Mapping[str, Any]) -> list[str]:
         hint = f" (did you mean {close[0].upper()}?)" if close else ""
         lines.append(f"{key.upper()} is not a setting of this plugin and is ignored{hint}")
     return lines
+
+
+def environment_only_keys(environ: Mapping[str, str], raw: Mapping[str, Any]) -> list[str]:
+    """One line for each setting of this plugin given as an environment variable only: NoneBot
+    reads a plugin's keys from `.env` (an environment variable overrides one written there),
+    so a Docker-style `-e MEMSUM_MODELS=…` alone is ignored without a word."""
+    known = set(Config.model_fields)
+    return [
+        f"{key.upper()} is set in the environment but not in .env: NoneBot reads this plugin's"
+        " keys only from .env (where the environment variable then overrides it), so it is ignored"
+        for key in sorted(environ, key=str.lower)
+        if key.lower() in known and key.lower() not in raw
+    ]
+
+
+def superuser_problems(superusers: Iterable[str]) -> list[str]:
+    """One line for each SUPERUSERS entry no user id can equal (a space inside it, digits
+    typed full-width with a Chinese input method), and one when there is none: the owner
+    would otherwise find every command ignored without a word."""
+    ids = sorted(superusers)
+    if not ids:
+        return [
+            'SUPERUSERS is empty: nobody can use the commands (write your QQ number: SUPERUSERS=["10001"])'
+        ]
+    return [
+        f"SUPERUSERS entry {user!r} has a space or full-width characters in it and matches no QQ"
+        ' number (write it like "10001")'
+        for user in ids
+        if any(ch.isspace() for ch in user) or unicodedata.normalize("NFKC", user) != user
+    ]
 
 
 def parse_config(raw: dict[str, Any]) -> Config:
