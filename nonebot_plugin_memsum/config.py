@@ -295,6 +295,12 @@ def describe_error(err: ValidationError) -> str:
     where = "".join(f"[{p}]" for p in loc[1:])
     line = f"invalid {key}{where}: {first['msg']}"
     raw = first.get("input")
+    if isinstance(raw, str) and first["type"] not in ("list_type", "dict_type"):
+        if not raw.strip():
+            line += "; the value is empty (delete the line for the default)"
+        elif unicodedata.normalize("NFKC", raw) != raw:
+            # Typed with a Chinese input method: ０.５, ２００, a full-width space or comma.
+            line += "; it has full-width characters (write digits and letters half-width)"
     if first["type"] in ("list_type", "dict_type") and isinstance(raw, str):
         # NoneBot passes a value it cannot decode as JSON on as text: say so, not the
         # value itself (it may hold an API key); the decoder's message names only a place.

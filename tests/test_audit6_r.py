@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 
 from nonebot_plugin_memsum.config import (
+    ConfigError,
     environment_only_keys,
+    parse_config,
     superuser_problems,
 )
 from tests.fakes.botproc import BotExitedError, BotProcess
@@ -126,3 +128,44 @@ async def test_bot_py_without_env_says_so_and_that_memsum_keys_from_the_environm
         "MEMSUM_HISTORY_LIMIT is set in the environment but not in .env: NoneBot reads this plugin's"
         " keys only from .env (where the environment variable then overrides it), so it is ignored"
     ]
+
+
+# ---- values of MEMSUM_ keys ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        ("memsum_compress_at", "", "the value is empty (delete the line for the default)"),
+        ("memsum_history_limit", "  ", "the value is empty (delete the line for the default)"),
+        ("memsum_compress_at", "０.５", "full-width characters"),
+        ("memsum_daily_token_cap", "１０００００", "full-width characters"),
+        ("memsum_user_cooldown", "３０", "full-width characters"),
+        ("memsum_default_mode", "", "the value is empty"),
+    ],
+)
+def test_r_cfg_1_an_empty_or_full_width_value_is_refused_saying_which_it_is(
+    key: str, value: str, said: str
+) -> None:
+    # Before: "Input should be a valid number, unable to parse string as a number" for a
+    # value that looks like one to the owner who typed it.
+    with pytest.raises(ConfigError) as refused:
+        parse_config({key: value})
+    line = str(refused.value)
+    assert line.startswith(f"invalid {key.upper()}: ")
+    assert said in line
+
+
+def test_no_secret_of_env_in_any_refusal_line() -> None:
+    # The refusals added here name keys and sizes, never a value that may be secret.
+    key = "sk-live-abcdef123456"
+    with pytest.raises(ConfigError) as refused:
+        parse_config(
+            {
+                "memsum_models": [
+                    {"id": "p/m", "base_url": "http://x/v1", "api_key": key, "context_window": 8000}
+                ],
+                "memsum_web_token": "",
+                "memsum_compress_at": "０.８",
+            }
+        )
+    assert key not in str(refused.value)
+    assert "full-width characters" in str(refused.value)
