@@ -87,6 +87,9 @@ if not _run_as_tool():
             key = "MEMSUM_DB_URL" if plugin_config.memsum_db_url.get_secret_value() else "MEMSUM_DB_PATH"
             logger.opt(colors=False).critical(f"nonebot-plugin-memsum: {key}: {err}")
             raise StartUpRefused(2) from None
+        except ConfigError as err:  # R-CFG-1: a persona the chat model's window cannot carry
+            logger.opt(colors=False).critical(f"nonebot-plugin-memsum: {err}")
+            raise StartUpRefused(2) from None
 
     @_driver.on_shutdown
     async def _stop() -> None:

@@ -283,9 +283,16 @@ async def _persona(call: _Call) -> str:
         done = f"已恢复{where}人设为默认。"
     elif text:
         try:
-            await rt.settings.set("persona", scope, key, text)
+            validate("persona", text)
         except ValueError as err:
             return f"没有修改：{err}。"
+        if over := runtime.persona_overflow(rt, text):
+            tokens, budget, _ = over
+            return (
+                f"没有修改：这段人设约 {tokens} token，超过了模型每次请求可用的一半（{budget} token），"
+                "每次回答都要带上它，聊天记录就放不下了。请写短一些。"
+            )
+        await rt.settings.set("persona", scope, key, text)
         done = f"已设置{where}人设（{len(text)} 字），从下一次回答起生效。"
     resolved = await rt.settings.of_place("persona", call.record)
     shown = f"{where}人设（{resolved.layer_label}）：\n{resolved.value}"

@@ -256,7 +256,15 @@ class Config(BaseModel):
     @field_validator("memsum_persona")
     @classmethod
     def _default_persona(cls, persona: str) -> str:
-        return persona.strip() or DEFAULT_PERSONA
+        persona = persona.strip()
+        if len(persona) > PERSONA_MAX:
+            # Like every other layer's (/人设, a tier's): it goes with every request of every
+            # place, and one longer than the window would make every request fail.
+            raise ValueError(
+                f"a persona is at most {PERSONA_MAX} characters, as /人设 allows (this one has"
+                f" {len(persona)}); it is sent with every request"
+            )
+        return persona or DEFAULT_PERSONA
 
     @field_validator("memsum_timezone")
     @classmethod

@@ -23,7 +23,7 @@ from .agent.turn import Agent
 from .compression.service import CompressionService
 from .config import Config
 from .controls import Controls
-from .errors import NotStarted, StoreError
+from .errors import ConfigError, NotStarted, StoreError
 from .llm import LLMClient, Registry
 from .llm.tokens import aload_encoding, encoding_name, estimate_text_tokens
 from .onebot.state import OneBotState
@@ -67,7 +67,13 @@ async def start(config: Config, location: Location, nicknames: list[str], superu
     """Build the plugin's runtime once (idempotent) and make it the current one."""
     global _current
     if _current is None:
-        _current = await build(config, location, nicknames, superusers)
+        rt = await build(config, location, nicknames, superusers)
+        try:
+            check_personas(rt)
+        except ConfigError:
+            await close(rt)
+            raise
+        _current = rt
         chat, summary = _current.registry.resolve("chat"), _current.registry.resolve("summary")
         logger.info(
             f"memsum: database {_current.store}; chat model {chat.id if chat else '-'}, "
@@ -76,6 +82,36 @@ async def start(config: Config, location: Location, nicknames: list[str], superu
         await resume(_current)
         _defer_sigterm(_current)
     return _current
+
+
+def persona_overflow(rt: Runtime, persona: str) -> tuple[int, int, str] | None:
+    """(its tokens, the chat model's trim budget, the model's id) when `persona` takes more
+    than half of what a request of the chat model may carry: it goes with every request, so
+    the conversation would get less than the persona (or nothing, over the window). None
+    when it fits or no chat model is configured."""
+    model = rt.registry.resolve("chat")
+    if model is None or not persona:
+        return None
+    budget = rt.agent.trim_budget_of(model)
+    tokens = estimate_text_tokens(persona)
+    return (tokens, budget, model.id) if tokens > budget // 2 else None
+
+
+def check_personas(rt: Runtime) -> None:
+    """Refuse a persona of `.env` (MEMSUM_PERSONA, a tier's) the chat model cannot carry
+    (`persona_overflow`); /人设 refuses one the same way."""
+    personas = [("MEMSUM_PERSONA", rt.config.memsum_persona)]
+    personas += [
+        (f"MEMSUM_TIERS[{name}].persona", tier.persona or "") for name, tier in rt.config.memsum_tiers.items()
+    ]
+    for key, persona in personas:
+        if over := persona_overflow(rt, persona):
+            tokens, budget, model_id = over
+            raise ConfigError(
+                f"invalid {key}: the persona takes {tokens} tokens, more than half of the {budget} a"
+                f" request of the chat model {model_id} may carry (context_window × MEMSUM_TRIM_RATIO"
+                " − the reply reserve); shorten it or use a model with a larger context_window"
+            )
 
 
 async def resume(rt: Runtime) -> None:

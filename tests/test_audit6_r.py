@@ -15,18 +15,26 @@ WebSocket, the real SQLite file, the scripted OpenAI-compatible server over real
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from nonebot_plugin_memsum import runtime
 from nonebot_plugin_memsum.config import (
+    PERSONA_MAX,
     ConfigError,
+    ModelConfig,
     environment_only_keys,
     parse_config,
     superuser_problems,
 )
+from nonebot_plugin_memsum.llm.tokens import estimate_text_tokens
 from tests.fakes.botproc import BotExitedError, BotProcess
 from tests.fakes.e2e import wait_log
+from tests.fakes.llm_server import ScriptedLLM
 
 SUPERUSER = 10001
 
@@ -152,6 +160,91 @@ def test_r_cfg_1_an_empty_or_full_width_value_is_refused_saying_which_it_is(
     line = str(refused.value)
     assert line.startswith(f"invalid {key.upper()}: ")
     assert said in line
+
+
+# ---- MEMSUM_PERSONA: no longer than any other persona, and never over the window ---------------
+def test_memsum_persona_longer_than_any_persona_may_be_is_refused_naming_the_key() -> None:
+    # Before: /人设 and a tier's persona were capped at 1000 characters, MEMSUM_PERSONA not
+    # at all: a pasted character card of any size went with every request.
+    assert parse_config({"memsum_persona": "人" * PERSONA_MAX}).memsum_persona == "人" * PERSONA_MAX
+    assert parse_config({"memsum_persona": f"  {'人' * PERSONA_MAX}\n"}).memsum_persona == "人" * PERSONA_MAX
+    with pytest.raises(ConfigError) as refused:
+        parse_config({"memsum_persona": "角色设定。" * 300})
+    line = str(refused.value)
+    assert line.startswith("invalid MEMSUM_PERSONA: ")
+    assert f"at most {PERSONA_MAX} characters" in line
+    assert "1500" in line
+    assert "角色设定" not in line
+
+
+async def test_a_persona_the_chat_models_window_cannot_carry_stops_bot_py_naming_the_key(
+    tmp_path: Path,
+) -> None:
+    # Before: a 2k-window model with a 900-character persona started, and every request was
+    # the persona plus the question cut to nothing: over the window, refused by the provider.
+    model = {"id": "local/small", "base_url": "http://127.0.0.1:9/v1", "context_window": 2048}
+    persona = "你是一只说话带喵的猫娘，" * 75  # 900 characters
+    assert estimate_text_tokens(persona) > (2048 - 1024) // 2
+    env = {"MEMSUM_MODELS": json.dumps([model]), "MEMSUM_PERSONA": persona}
+    bot = BotProcess(tmp_path, env=env, log_level="INFO")
+    code, log = await _refused(bot)
+    assert code != 0
+    assert "Traceback" not in log
+    naming = _lines_naming(log, "MEMSUM_PERSONA")
+    assert len(naming) == 1, log
+    assert "local/small" in naming[0]
+    assert "1024" in naming[0]  # what a request of that model may carry
+    assert "猫娘" not in log
+
+
+async def test_a_tier_persona_the_window_cannot_carry_is_refused_and_a_fitting_one_starts(
+    tmp_path: Path,
+) -> None:
+    model = {"id": "local/small", "base_url": "http://127.0.0.1:9/v1", "context_window": 2048}
+    tiers = {"onebot.group": {"persona": "群聊里你是一位严谨的历史老师，" * 60}}
+    env = {"MEMSUM_MODELS": json.dumps([model]), "MEMSUM_TIERS": json.dumps(tiers, ensure_ascii=False)}
+    code, log = await _refused(BotProcess(tmp_path / "long", env=env, log_level="INFO"))
+    assert code != 0
+    assert len(_lines_naming(log, "MEMSUM_TIERS[onebot.group].persona")) == 1, log
+    tiers = {"onebot.group": {"persona": "群聊里你是一位严谨的历史老师。"}}
+    env["MEMSUM_TIERS"] = json.dumps(tiers, ensure_ascii=False)
+    async with BotProcess(tmp_path / "short", env=env, log_level="INFO") as bot:
+        await wait_log(bot, "Application startup complete")
+
+
+# ---- /人设 against the model's window ------------------------------------------------------------
+@pytest.fixture
+def small_model() -> Iterator[ScriptedLLM]:
+    rt = runtime.get()
+    with ScriptedLLM() as server:
+        rt.registry.set_models([ModelConfig(**server.model_config("r/small", context_window=2048))])
+        try:
+            yield server
+        finally:
+            rt.registry.set_models([])
+
+
+async def test_a_persona_over_half_of_a_request_is_refused_by_the_command_and_nothing_is_set(
+    app: Any, small_model: ScriptedLLM
+) -> None:
+    from tests.fakes.nonebug import group_msg, new_group, run
+
+    group = new_group()
+    long = "你是一只说话带喵的猫娘，" * 75
+    tokens = estimate_text_tokens(long)
+    await run(
+        app,
+        group_msg(f"/人设 {long}", group),
+        f"没有修改：这段人设约 {tokens} token，超过了模型每次请求可用的一半（1024 token），"
+        "每次回答都要带上它，聊天记录就放不下了。请写短一些。",
+    )
+    await run(
+        app,
+        group_msg("/人设 你是猫娘。", group),
+        "已设置本群人设（5 字），从下一次回答起生效。\n现在：本群人设（本群）：\n你是猫娘。",
+    )
+    # Over 1000 characters the length is what is said, whatever the window.
+    await run(app, group_msg(f"/人设 {'喵' * 1001}", group), "没有修改：人设最长 1000 字，这段有 1001 字。")
 
 
 def test_no_secret_of_env_in_any_refusal_line() -> None:
