@@ -4,7 +4,11 @@
     require("nonebot_plugin_memsum")
     from nonebot_plugin_memsum import api
 
-Everything here works once NoneBot has started (the plugin's runtime exists).
+Everything here works once NoneBot has started (the plugin's runtime exists). A session
+exists once `internal_session`, `child_session`, `record` or a chat made it: `run_turn`,
+`build_prompt` and `child_session` (its parent) raise `SessionNotFound` for any other id;
+the reads (`history`, `search`, `status`, `compress_at`) answer for it as for an empty
+session, and `compress`, `clear` and `delete_session` have nothing to do.
 """
 
 from __future__ import annotations
@@ -26,7 +30,13 @@ from nonebot_plugin_memsum.agent.prompt import Prompt
 from nonebot_plugin_memsum.agent.tools import ToolFn
 from nonebot_plugin_memsum.agent.turn import Entry, ReplyFn
 from nonebot_plugin_memsum.compression.service import CompressionResult, SessionStatus
-from nonebot_plugin_memsum.errors import CompressionCancelled, CompressionError, MemsumError, StoreError
+from nonebot_plugin_memsum.errors import (
+    CompressionCancelled,
+    CompressionError,
+    MemsumError,
+    SessionNotFound,
+    StoreError,
+)
 from nonebot_plugin_memsum.store import SearchHit, SearchQuery
 from nonebot_plugin_memsum.types import Message, SessionRecord, ToolCall
 
@@ -41,6 +51,7 @@ __all__ = [
     "MemsumError",
     "Message",
     "SearchHit",
+    "SessionNotFound",
     "SessionRecord",
     "SessionStatus",
     "StoreError",
@@ -75,17 +86,20 @@ async def internal_session(session_id: str) -> SessionRecord:
 
 async def child_session(parent_id: str, session_id: str, entry: Entry = Entry()) -> SessionRecord:
     """A session spawned from another. Creating it copies the parent's effective settings
-    (R-CFG-3); a later call returns the existing child and copies nothing."""
+    (R-CFG-3); a later call returns the existing child and copies nothing. Raises
+    SessionNotFound when the parent does not exist (nothing is created)."""
     rt = runtime.get()
     existing = await rt.store.get_session(session_id)
     if existing is not None:
         return existing
     parent = await rt.store.get_session(parent_id)
+    if parent is None:
+        raise SessionNotFound(parent_id)
     child = SessionRecord(
         id=session_id,
-        platform=parent.platform if parent else None,
+        platform=parent.platform,
         kind="child",
-        place=parent.place if parent else None,
+        place=parent.place,
         parent=parent_id,
         created=clock.now(),
     )
@@ -112,13 +126,32 @@ async def history(session_id: str, limit: float = math.inf) -> list[Message]:
 
 
 async def run_turn(session_id: str, reply: ReplyFn | None = None, entry: Entry = Entry()) -> Outcome:
-    """Run one agent turn now: the model answers the history; `reply` gets the text."""
-    return await runtime.get().agent.run_turn(session_id, reply, entry)
+    """Run one agent turn now: the model answers the history; `reply` gets the text.
+
+    "silent" without a model call (and no turn events) when nothing is new to answer: no user
+    message or notice stored since the last turn read the history (record one first to make
+    the bot speak). Raises SessionNotFound for a session that does not exist."""
+    rt = runtime.get()
+    await _existing(session_id)
+    answered = await rt.store.answered_upto(session_id)
+    history = await rt.store.get_history(session_id)
+    if not any(m.id is not None and m.id > answered and m.role in ("user", "notice") for m in history):
+        return "silent"
+    return await rt.agent.run_turn(session_id, reply, entry)
 
 
 async def build_prompt(session_id: str, entry: Entry = Entry()) -> Prompt:
-    """The prompt the next call would send: persona, contributions (summary in `context`), history."""
+    """The prompt the next call would send: persona, contributions (summary in `context`),
+    history. Raises SessionNotFound for a session that does not exist."""
+    await _existing(session_id)
     return await runtime.get().agent.build_prompt(session_id, entry)
+
+
+async def _existing(session_id: str) -> SessionRecord:
+    found = await runtime.get().store.get_session(session_id)
+    if found is None:
+        raise SessionNotFound(session_id)
+    return found
 
 
 def contribute(anchor: str, fn: Callable[[str], Awaitable[str | None]]) -> None:

@@ -3,6 +3,7 @@
     MemsumError
     ├── ConfigError               a `.env` value is out of range or of the wrong shape
     ├── NotStarted                the plugin is used before NoneBot started it (also a RuntimeError)
+    ├── SessionNotFound           `api` was given a session id that was never created (also a LookupError)
     ├── StoreError                the SQLite file cannot be opened, read or written
     │   └── SchemaTooNewError     the file was written by a newer version of the plugin
     ├── NoChatModel               no chat-capable model is configured
@@ -39,6 +40,17 @@ class ConfigError(MemsumError):
 
 class NotStarted(MemsumError, RuntimeError):
     """The plugin is used before NoneBot started it."""
+
+
+class SessionNotFound(MemsumError, LookupError):
+    """A session id no `api.record`, `internal_session`, `child_session` or chat created
+    (a typo, or a session deleted since)."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(
+            f"no session {session_id!r}: create it with api.internal_session or api.record first"
+        )
+        self.session_id = session_id
 
 
 class StoreError(MemsumError):

@@ -60,6 +60,8 @@ async def test_the_readme_example_runs_as_written(
     assert len(recent) == 2
     unsubscribe = api.subscribe(api.UsageEvent, lambda e: print(e.usage, e.window))  # noqa: T201
     api.contribute("weather", lambda sid: fetch_weather_text())
+    # A turn answers something new (api.run_turn): a second question, then the turn.
+    await api.record(session, api.Message(role="user", content="[系统(0)] 天气呢？"))
     llm.push(Reply("好"))
     await api.run_turn(session.id)
     unsubscribe()

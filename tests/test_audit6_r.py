@@ -15,6 +15,7 @@ WebSocket, the real SQLite file, the scripted OpenAI-compatible server over real
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from nonebot_plugin_memsum import runtime
+from nonebot_plugin_memsum import api, runtime
 from nonebot_plugin_memsum.config import (
     PERSONA_MAX,
     ConfigError,
@@ -31,10 +32,11 @@ from nonebot_plugin_memsum.config import (
     parse_config,
     superuser_problems,
 )
+from nonebot_plugin_memsum.errors import MemsumError
 from nonebot_plugin_memsum.llm.tokens import estimate_text_tokens
 from tests.fakes.botproc import BotExitedError, BotProcess
 from tests.fakes.e2e import wait_log
-from tests.fakes.llm_server import ScriptedLLM
+from tests.fakes.llm_server import Reply, ScriptedLLM
 
 SUPERUSER = 10001
 
@@ -245,6 +247,113 @@ async def test_a_persona_over_half_of_a_request_is_refused_by_the_command_and_no
     )
     # Over 1000 characters the length is what is said, whatever the window.
     await run(app, group_msg(f"/人设 {'喵' * 1001}", group), "没有修改：人设最长 1000 字，这段有 1001 字。")
+
+
+# ---- the library: unknown sessions and turns with nothing to answer ---------------------------
+@pytest.fixture
+def llm() -> Iterator[ScriptedLLM]:
+    rt = runtime.get()
+    with ScriptedLLM() as server:
+        rt.registry.set_models([ModelConfig(**server.model_config("r/model", context_window=16000))])
+        try:
+            yield server
+        finally:
+            rt.registry.set_models([])
+
+
+async def test_run_turn_on_a_session_never_created_raises_and_calls_no_model(llm: ScriptedLLM) -> None:
+    # Before: the model was asked with the persona alone (a paid call), its greeting went to
+    # `reply`, and was stored under an id with no session: a history nothing else could see.
+    sent: list[str] = []
+
+    async def send(text: str) -> None:
+        sent.append(text)
+
+    llm.push(Reply("你好呀"))
+    with pytest.raises(api.SessionNotFound) as missing:
+        await api.run_turn("r:typo", send)
+    assert missing.value.session_id == "r:typo"
+    assert "r:typo" in str(missing.value)
+    assert llm.requests == []
+    assert sent == []
+    assert await api.history("r:typo") == []
+    with pytest.raises(api.SessionNotFound):
+        await api.build_prompt("r:typo")
+    assert isinstance(missing.value, MemsumError)
+    assert isinstance(missing.value, LookupError)
+    assert "SessionNotFound" in api.__all__
+
+
+async def test_a_child_of_a_parent_never_created_raises_and_creates_nothing() -> None:
+    with pytest.raises(api.SessionNotFound) as missing:
+        await api.child_session("r:no-parent", "r:no-parent:child")
+    assert missing.value.session_id == "r:no-parent"
+    assert await runtime.get().store.get_session("r:no-parent:child") is None
+    # A child recorded into (api.record) still makes itself, as documented.
+    parent = await api.internal_session("r:parent")
+    child = await api.child_session(parent.id, "r:parent:child")
+    assert child.parent == parent.id
+
+
+async def test_run_turn_with_nothing_new_is_silent_without_a_model_call(llm: ScriptedLLM) -> None:
+    # Before: a second run_turn with nothing new asked the model again with a note that its
+    # last answer was already sent; the model's second answer went out and was stored.
+    session = await api.internal_session("r:nothing-new")
+    sent: list[str] = []
+
+    async def send(text: str) -> None:
+        sent.append(text)
+
+    assert await api.run_turn(session.id, send) == "silent"  # an empty session
+    assert llm.requests == []
+    await api.record(session, api.Message(role="user", content="[甲(1)] 今天几号？"))
+    llm.push(Reply("十二月四日"))
+    assert await api.run_turn(session.id, send) == "replied"
+    llm.push(Reply("又答了一遍"))
+    assert await api.run_turn(session.id, send) == "silent"
+    assert len(llm.requests) == 1
+    assert sent == ["十二月四日"]
+    assert [m.content for m in await api.history(session.id)] == ["[甲(1)] 今天几号？", "十二月四日"]
+    # A notice is something new to answer; so is a message stored after a silent turn.
+    await api.record(session, api.Message(role="notice", content="乙(2) 加入了本群"))
+    assert await api.run_turn(session.id, send) == "replied"
+    assert sent == ["十二月四日", "又答了一遍"]
+
+
+async def test_a_question_that_came_in_while_the_answer_was_written_is_still_answered(
+    llm: ScriptedLLM,
+) -> None:
+    # Stored before the answer (it arrived while the model wrote), it is after what the
+    # turn read: the next run_turn answers it.
+    session = await api.internal_session("r:during")
+    await api.record(session, api.Message(role="user", content="[甲(1)] 第一个问题"))
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow(_: str) -> None:
+        pass
+
+    llm.push(Reply("第一个回答"))
+    original = runtime.get().client.chat
+
+    async def chat(*args: Any, **kwargs: Any) -> Any:
+        entered.set()
+        await release.wait()
+        return await original(*args, **kwargs)
+
+    runtime.get().client.chat = chat  # type: ignore[method-assign]
+    try:
+        turn = asyncio.create_task(api.run_turn(session.id, slow))
+        await entered.wait()
+        await api.record(session, api.Message(role="user", content="[乙(2)] 第二个问题"))
+        release.set()
+        assert await turn == "replied"
+    finally:
+        runtime.get().client.chat = original  # type: ignore[method-assign]
+    llm.push(Reply("第二个回答"))
+    assert await api.run_turn(session.id) == "replied"
+    assert len(llm.requests) == 2
+    assert any("第二个问题" in m["content"] for m in llm.requests[-1]["messages"])
 
 
 def test_no_secret_of_env_in_any_refusal_line() -> None:

@@ -381,6 +381,11 @@ class Tx:
         )
         return [(r[0], _message_from_row(r[1:])) for r in rows]
 
+    async def answered_upto(self, session_id: str) -> int:
+        """The id of the last message the session's last turn read (0: no turn yet)."""
+        rows = await self._fetch("SELECT upto FROM replies WHERE session_id = ?", (session_id,))
+        return int(rows[0][0]) if rows else 0
+
     async def mark_reply(self, session_id: str, upto: int, state: ReplyState) -> None:
         """The session's questions up to message `upto` are answered: `sending` is written
         before the reply goes out (so a crash after it never answers them again), `sent` after."""
@@ -1112,6 +1117,10 @@ class Store:
     async def pending_questions(self, since: float, prefix: str = "") -> list[tuple[str, Message]]:
         async with self._statement() as tx:
             return await tx.pending_questions(since, prefix)
+
+    async def answered_upto(self, session_id: str) -> int:
+        async with self._statement() as tx:
+            return await tx.answered_upto(session_id)
 
     async def mark_reply(self, session_id: str, upto: int, state: ReplyState) -> None:
         async with self._statement() as tx:
