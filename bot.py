@@ -103,7 +103,12 @@ def _log_filter(record: Any) -> bool:
     # uvicorn's copy of the stack down to that refusal tells an owner nothing more.
     if record["name"].startswith("uvicorn") and record["message"].rstrip().endswith("StartUpRefused: 2"):
         return False
-    return default_filter(record)
+    try:
+        return default_filter(record)
+    except ValueError:
+        # LOG_LEVEL=info, before _log_level() has read it: INFO, never DEBUG (NoneBot's
+        # DEBUG line of the loaded config holds every .env value, API keys too).
+        return record["level"].no >= logger.level("INFO").no
 
 
 def _log_to_stdout(level: int | str) -> int:
@@ -156,9 +161,45 @@ except (SettingsError, ValidationError) as refused:
 # At the configured level, not 0: below every handler's level loguru returns before it
 # builds a record, and NoneBot's debug and trace lines for each event and matcher cost
 # about 5 % of the bot's CPU at a thousand groups when only the filter dropped them.
+
+
+def _log_level() -> int | str:
+    """LOG_LEVEL as loguru names it: `info` (loguru's names are upper case, and NoneBot's
+    filter raised on every line) is INFO; a name loguru lacks stops start-up in one line."""
+    config = nonebot.get_driver().config
+    if not isinstance(config.log_level, str):
+        return config.log_level
+    named = config.log_level.strip().upper()
+    try:
+        logger.level(named)
+    except ValueError:
+        logger.opt(colors=False).critical(
+            f"bot.py: invalid LOG_LEVEL in .env: no level {config.log_level!r};"
+            " use DEBUG, INFO, WARNING or ERROR (or a number)"
+        )
+        sys.exit(2)
+    config.log_level = named
+    logger.configure(extra={"nonebot_log_level": named})
+    return named
+
+
+def _warn_open_without_token() -> None:
+    """Without ONEBOT_ACCESS_TOKEN anyone who reaches the port can connect as the QQ account
+    and send messages as SUPERUSERS: fine on 127.0.0.1, not on an address others reach."""
+    config = nonebot.get_driver().config
+    token = getattr(config, "onebot_access_token", None)
+    if not (isinstance(token, str) and token.strip()) and not config.host.is_loopback:
+        logger.warning(
+            f"bot.py: ONEBOT_ACCESS_TOKEN is empty and HOST={config.host}: anyone who reaches"
+            f" port {config.port} can connect as your QQ account and send commands as an owner;"
+            " set ONEBOT_ACCESS_TOKEN (and the same token in NapCat / Lagrange)"
+        )
+
+
+level = _log_level()
 logger.remove(_handler)
-level = nonebot.get_driver().config.log_level
 _log_to_stdout(level)
+_warn_open_without_token()
 if (logger.level(level).no if isinstance(level, str) else level) > logger.level("DEBUG").no:
     _quiet_per_event_lines()
 nonebot.get_driver().register_adapter(OneBotV11Adapter)

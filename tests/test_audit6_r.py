@@ -371,3 +371,46 @@ def test_no_secret_of_env_in_any_refusal_line() -> None:
         )
     assert key not in str(refused.value)
     assert "full-width characters" in str(refused.value)
+
+
+# ---- LOG_LEVEL and an open port -------------------------------------------------------------------
+async def test_log_level_in_lower_case_is_that_level_and_never_prints_the_config(tmp_path: Path) -> None:
+    # Before: loguru knows only INFO, so NoneBot's filter raised on every line: a traceback per
+    # line, bot.py dead, and loguru's dump of the failing record printed NoneBot's DEBUG line
+    # of the loaded config, the API key in it.
+    secret = "sk-live-4f1d9c2b7a"
+    model = {"id": "p/m", "base_url": "http://127.0.0.1:9/v1", "api_key": secret, "context_window": 8000}
+    bot = BotProcess(tmp_path, env={"MEMSUM_MODELS": json.dumps([model])}, log_level="info")
+    async with bot:
+        log = await wait_log(bot, "Application startup complete")
+    assert "Traceback" not in log
+    assert secret not in log
+    assert "[DEBUG]" not in log
+    assert "[INFO]" in log
+
+
+async def test_a_log_level_loguru_does_not_know_stops_bot_py_naming_it(tmp_path: Path) -> None:
+    secret = "sk-live-4f1d9c2b7a"
+    model = {"id": "p/m", "base_url": "http://127.0.0.1:9/v1", "api_key": secret, "context_window": 8000}
+    bot = BotProcess(tmp_path, env={"MEMSUM_MODELS": json.dumps([model])}, log_level="verbose")
+    code, log = await _refused(bot)
+    assert code == 2
+    assert "Traceback" not in log
+    assert secret not in log
+    naming = _lines_naming(log, "LOG_LEVEL")
+    assert len(naming) == 1, log
+    assert "'verbose'" in naming[0]
+
+
+@pytest.mark.parametrize("token", [None, "a-long-random-token"])
+async def test_an_empty_access_token_on_an_address_others_reach_is_warned(
+    tmp_path: Path, token: str | None
+) -> None:
+    bot = BotProcess(tmp_path, env={"HOST": "0.0.0.0"}, access_token=token, log_level="INFO")
+    async with bot:
+        log = await wait_log(bot, "Application startup complete")
+    warned = _lines_naming(log, "ONEBOT_ACCESS_TOKEN is empty")
+    assert len(warned) == (1 if token is None else 0), log
+    if token is None:
+        assert "HOST=0.0.0.0" in warned[0]
+        assert f"port {bot.port}" in warned[0]
