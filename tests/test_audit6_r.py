@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,12 +36,12 @@ from nonebot_plugin_memsum.config import (
 from nonebot_plugin_memsum.errors import MemsumError
 from nonebot_plugin_memsum.llm.tokens import estimate_text_tokens
 from tests.fakes.botproc import BotExitedError, BotProcess
-from tests.fakes.e2e import wait_log
+from tests.fakes.e2e import connected, group_sid, private_sid, query, until, wait_log
 from tests.fakes.llm_server import Reply, ScriptedLLM
+from tests.fakes.onebot import OneBotSim, at, plain_text, reply
+from tests.fakes.onebot import text as seg
 
 SUPERUSER = 10001
-
-
 MEMBER = 20003
 
 
@@ -214,6 +215,156 @@ async def test_a_tier_persona_the_window_cannot_carry_is_refused_and_a_fitting_o
         await wait_log(bot, "Application startup complete")
 
 
+# ---- the commands as they are really typed, over OneBot ----------------------------------------
+@pytest.fixture(scope="module")
+def answering() -> Iterator[ScriptedLLM]:
+    with ScriptedLLM() as server:
+        server.on_request(lambda body: Reply("模型的回答"))
+        yield server
+
+
+@pytest.fixture(scope="module")
+async def bot(tmp_path_factory: pytest.TempPathFactory, answering: ScriptedLLM) -> Any:
+    # A Windows owner's .env: CRLF line endings, Notepad's UTF-8 byte order mark, comments
+    # after values, quoted values, and a database in a folder that does not exist yet.
+    class _WindowsBot(BotProcess):
+        def _write_dotenv(self) -> None:
+            lines = [f"{key}={value}" for key, value in self.env.items()]
+            text = "\r\n".join(["# 机器人配置", *lines]) + "\r\n"
+            (self.workdir / ".env").write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+
+    workdir = tmp_path_factory.mktemp("owner")
+    proc = _WindowsBot(workdir, log_level="INFO")
+    proc.db_path = workdir / "数据" / "new" / "memsum.db"
+    proc.env.update(
+        {
+            "SUPERUSERS": '["10001"]  # 我的 QQ',
+            "NICKNAME": '["小记"]',
+            "COMMAND_START": '["/"]',
+            "MEMSUM_DB_PATH": str(proc.db_path),
+            "MEMSUM_MODELS": f"'{json.dumps([answering.model_config()])}'",
+            "MEMSUM_COMPRESS_AT": "0.6  # 压缩线",
+            "MEMSUM_HISTORY_LIMIT": '"40"',
+            "MEMSUM_DEFAULT_MODE": "on # 开",
+        }
+    )
+    async with proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+async def sim(bot: BotProcess) -> Any:
+    async with connected(bot) as s:
+        yield s
+
+
+async def _said(sim: OneBotSim, group: int, user: int, message: Any, *, quiet: float = 0.8) -> list[str]:
+    """What the bot sends after one group message (nothing within `quiet` s: nothing)."""
+    mark = len(sim.calls)
+    await sim.group_message(group, user, message)
+    try:
+        call = await sim.wait_call("send_msg", after=mark, timeout=quiet if quiet else 15)
+    except TimeoutError:
+        return []
+    return [plain_text(call.params["message"])]
+
+
+async def _stored(bot: BotProcess, sid: str) -> list[str]:
+    sql = "SELECT content FROM messages WHERE session_id = ? ORDER BY id"
+    return [row[0] for row in await query(bot.db_path, sql, sid)]
+
+
+async def test_a_windows_env_with_comments_and_quotes_is_read_and_the_database_folder_made(
+    bot: BotProcess, sim: OneBotSim
+) -> None:
+    assert bot.db_path.is_file()  # 数据/new/ made for it
+    group = 61001
+    got = await _said(sim, group, SUPERUSER, "/压缩线", quiet=0)
+    assert got[0].startswith("压缩线 0.6（全局配置）")
+    got = await _said(sim, group, SUPERUSER, "/条数线", quiet=0)
+    assert got[0].startswith("条数线 40（全局配置）")
+    got = await _said(sim, group, SUPERUSER, "/记忆模式", quiet=0)
+    assert got == ["本群模式：开（全局配置）：记录并回答。"]
+    assert await _stored(bot, group_sid(group)) == []  # commands are never recorded
+
+
+async def test_a_command_behind_an_at_or_a_reply_is_the_owners_command_and_never_recorded(
+    bot: BotProcess, sim: OneBotSim, answering: ScriptedLLM
+) -> None:
+    group = 61002
+    asked = len(answering.requests)
+    quoted = await sim.group_message(group, MEMBER, "周末去爬山吗")
+    await until(lambda: _count(bot, group_sid(group), 1), "the member's line stored")
+    mode = "本群模式：开（全局配置）：记录并回答。"
+    assert await _said(sim, group, SUPERUSER, [at(10000), seg(" /记忆模式")], quiet=0) == [mode]
+    assert await _said(sim, group, SUPERUSER, [reply(quoted), seg("/记忆模式")], quiet=0) == [mode]
+    assert await _said(sim, group, SUPERUSER, [reply(quoted), at(10000), seg(" /记忆模式")], quiet=0) == [
+        mode
+    ]
+    assert await _said(sim, group, SUPERUSER, "小记 /记忆模式", quiet=0) == [mode]
+    assert await _stored(bot, group_sid(group)) == ["[用户20003(20003)] 周末去爬山吗"]
+    assert len(answering.requests) == asked  # no command reached the model
+
+
+async def test_a_members_command_with_an_at_or_a_reply_gets_nothing_and_stores_nothing(
+    bot: BotProcess, sim: OneBotSim, answering: ScriptedLLM
+) -> None:
+    # An @ would otherwise ask the bot: the command must not become a question to the model,
+    # nor show the member anything of the group's memory.
+    group = 61003
+    asked = len(answering.requests)
+    quoted = await sim.group_message(group, MEMBER, "谁发过网盘链接")
+    await until(lambda: _count(bot, group_sid(group), 1), "the member's line stored")
+    assert await _said(sim, group, MEMBER, [at(10000), seg(" /摘要")]) == []
+    assert await _said(sim, group, MEMBER, [reply(quoted), seg("/回忆 网盘")]) == []
+    assert await _said(sim, group, MEMBER, "/清除 上下文 确认") == []
+    assert await _stored(bot, group_sid(group)) == ["[用户20003(20003)] 谁发过网盘链接"]
+    assert len(answering.requests) == asked
+    # A private peer's command too: in private every message is answered, a command is not.
+    mark = len(sim.calls)
+    await sim.private_message(30001, "/摘要")
+    await asyncio.sleep(0.8)
+    assert [c for c in sim.calls[mark:] if c.action.startswith("send")] == []
+    assert await _stored(bot, private_sid(30001)) == []
+
+
+async def test_arguments_typed_with_full_width_spaces_digits_and_extra_spaces_are_read(
+    bot: BotProcess, sim: OneBotSim
+) -> None:
+    group = 61004
+    got = await _said(sim, group, SUPERUSER, "/记忆模式　仅记录", quiet=0)
+    assert got[0].startswith("已将本群模式设为 仅记录。")
+    got = await _said(sim, group, SUPERUSER, "/记忆模式   开  ", quiet=0)
+    assert got[0].startswith("已将本群模式设为 开。")
+    got = await _said(sim, group, SUPERUSER, "/条数线　群　３０", quiet=0)
+    assert got[0].startswith("已将本群的条数线设为 30。")
+    got = await _said(sim, group, SUPERUSER, "/限额 １０００００", quiet=0)
+    assert got[0].startswith("已修改本群每日限额。\n现在：本群每日限额 100000 token（本群）")
+    got = await _said(sim, group, SUPERUSER, "/限额 10万", quiet=0)  # said what it takes
+    assert got[0].startswith("没有修改：限额须是 0 到 ")
+    got = await _said(sim, group, SUPERUSER, "/压缩 现在", quiet=0)
+    assert got == ["用法：/压缩（不带参数）"]
+
+
+async def _count(bot: BotProcess, sid: str, n: int) -> bool:
+    return len(await _stored(bot, sid)) >= n
+
+
+async def test_a_port_in_use_stops_bot_py_with_a_line_naming_the_address(tmp_path: Path) -> None:
+    bot = BotProcess(tmp_path, log_level="INFO")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", bot.port))
+        taken.listen()
+        await bot.spawn()
+        code = await bot.wait_exit(30)
+    log = bot.log()
+    assert code != 0
+    assert "Traceback" not in log
+    naming = [line for line in log.splitlines() if f"('127.0.0.1', {bot.port})" in line]
+    assert len(naming) == 1, log
+    assert "address already in use" in naming[0]
+
+
 # ---- /人设 against the model's window ------------------------------------------------------------
 @pytest.fixture
 def small_model() -> Iterator[ScriptedLLM]:
@@ -293,6 +444,20 @@ async def test_a_child_of_a_parent_never_created_raises_and_creates_nothing() ->
     parent = await api.internal_session("r:parent")
     child = await api.child_session(parent.id, "r:parent:child")
     assert child.parent == parent.id
+
+
+async def test_the_reads_and_no_ops_on_a_session_never_created_answer_as_documented(llm: ScriptedLLM) -> None:
+    sid = "r:never"
+    assert await api.history(sid) == []
+    assert await api.search(sid, "提取码") == []
+    status = await api.status(sid)
+    assert (status.summary, status.active_messages, status.usage) == (None, 0, None)
+    assert (await api.compress(sid)).outcome == "nothing"
+    assert await api.compress_at(sid) == pytest.approx(runtime.get().config.memsum_compress_at)
+    await api.clear(sid)
+    await api.delete_session(sid)
+    assert await runtime.get().store.get_session(sid) is None
+    assert llm.requests == []
 
 
 async def test_run_turn_with_nothing_new_is_silent_without_a_model_call(llm: ScriptedLLM) -> None:
