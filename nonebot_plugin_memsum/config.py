@@ -247,7 +247,16 @@ class Config(BaseModel):
     def _default_db_path(cls, path: object) -> object:
         # `MEMSUM_DB_PATH=` written empty, like the other keys of .env.example whose empty
         # value means "the default": pydantic would read it as the folder `.`.
-        return None if isinstance(path, str) and not path.strip() else path
+        if isinstance(path, str) and not path.strip():
+            return None
+        if isinstance(path, str) and any(unicodedata.category(ch) == "Cc" for ch in path):
+            # A Windows path in double quotes: python-dotenv reads "C:\bot\memsum.db" with
+            # \b as a backspace, and the bot made a file named with it.
+            raise ValueError(
+                "the path has a control character: in double quotes a backslash starts an escape"
+                " (\\b, \\t, \\n); write a Windows path in single quotes or with /"
+            )
+        return path
 
     def store_location(self, default: Path) -> Path | str:
         """Where the store lives: the PostgreSQL URL, else the SQLite file (`default` if unset)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -579,3 +580,45 @@ async def test_an_empty_access_token_on_an_address_others_reach_is_warned(
     if token is None:
         assert "HOST=0.0.0.0" in warned[0]
         assert f"port {bot.port}" in warned[0]
+
+
+# ---- MEMSUM_DB_PATH as Windows owners and hurried owners write it ------------------------------
+class _RawDotenvBot(BotProcess):
+    """bot.py with `.env` lines written exactly as given in `raw` after the harness's own."""
+
+    raw: tuple[str, ...] = ()
+
+    def _write_dotenv(self) -> None:
+        super()._write_dotenv()
+        with (self.workdir / ".env").open("a", encoding="utf-8") as env:
+            env.write("".join(f"{line}\n" for line in self.raw))
+
+
+async def test_a_windows_db_path_in_double_quotes_stops_bot_py_naming_the_key(tmp_path: Path) -> None:
+    # Before: python-dotenv reads "C:\bot\memsum.db" with \b as a backspace; the bot made and
+    # used a file named `C:<backspace>ot\memsum.db` in its folder, every restart the same.
+    bot = _RawDotenvBot(tmp_path, log_level="INFO")
+    del bot.env["MEMSUM_DB_PATH"]
+    bot.raw = ('MEMSUM_DB_PATH="C:\\bot\\memsum.db"',)
+    code, log = await _refused(bot)
+    assert code == 2
+    assert "Traceback" not in log
+    naming = _lines_naming(log, "MEMSUM_DB_PATH")
+    assert len(naming) == 1, log
+    assert "single quotes" in naming[0]
+    assert not any("\b" in name for name in os.listdir(tmp_path))
+    # In single quotes the backslashes stay (on Windows, the path it names).
+    assert parse_config({"memsum_db_path": "C:\\bot\\memsum.db"}).memsum_db_path == Path("C:\\bot\\memsum.db")
+
+
+async def test_a_db_path_that_is_a_folder_stops_bot_py_saying_to_name_a_file(tmp_path: Path) -> None:
+    folder = tmp_path / "data"
+    folder.mkdir()
+    bot = BotProcess(tmp_path, env={"MEMSUM_DB_PATH": str(folder)}, log_level="INFO")
+    code, log = await _refused(bot)
+    assert code != 0
+    assert "Traceback" not in log
+    naming = _lines_naming(log, "MEMSUM_DB_PATH")
+    assert len(naming) == 1, log
+    assert "it is a folder" in naming[0]
+    assert str(folder / "memsum.db") in naming[0]

@@ -21,6 +21,7 @@ so SQLite users need not install it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import hashlib
@@ -223,6 +224,11 @@ class SqliteDb(Db):
             # from aiosqlite's.
             db = await aiosqlite.connect(path, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as err:
+            if await asyncio.to_thread(Path(path).is_dir):  # MEMSUM_DB_PATH=data, the folder
+                raise StoreError(
+                    f"cannot open {path}: it is a folder; name the database file in it, e.g."
+                    f" {Path(path) / 'memsum.db'}"
+                ) from err
             raise StoreError(f"cannot open {path}: {err}") from err
         try:
             for pragma in _SQLITE_PRAGMAS:
