@@ -179,3 +179,60 @@ async def test_a_provider_without_reasoning_is_never_sent_the_field(
     assert await rt.agent.run_turn(GROUP.id, Replies(), GROUP_ENTRY) == "replied"
     assert not [m for r in chat_requests(llm) for m in r["messages"] if "reasoning_content" in m]
     assert all(not m.metadata for m in await rt.store.get_history(GROUP.id))
+
+
+# OpenRouter in front of DeepSeek: the upstream's 400 wrapped as OpenRouter documents its errors
+# ("Errors and Debugging": `error.metadata` with `provider_name` and the upstream's `raw` body),
+# as reported in endolith/open-interpreter#215.
+OPENROUTER_400 = json.dumps(
+    {
+        "error": {
+            "message": "Provider returned error",
+            "code": 400,
+            "metadata": {
+                "raw": json.dumps(
+                    {
+                        "error": {
+                            "message": DEEPSEEK_400,
+                            "type": "invalid_request_error",
+                            "param": None,
+                            "code": "invalid_request_error",
+                        }
+                    }
+                ),
+                "provider_name": "DeepSeek",
+                "is_byok": False,
+            },
+        }
+    }
+)
+
+
+async def test_deepseeks_400_behind_openrouter_is_read_from_its_metadata(
+    make_rt: MakeRuntime, llm: ScriptedLLM
+) -> None:
+    rt = await make_rt()
+    await fill(
+        rt,
+        GROUP,
+        [
+            user("@小记(10000) 周六几点？"),
+            Message(role="assistant", content="", tool_calls=(ToolCall("old_1", "recall", "{}"),)),
+            Message(role="tool", content="（没有找到）", tool_call_id="old_1"),
+            Message(role="assistant", content="没查到。"),
+            user("@小记(10000) 那周日呢？"),
+        ],
+    )
+    answers = [Reply("周日休息。")]
+
+    def openrouter(body: dict[str, Any]) -> Reply | None:
+        if not is_chat(body):
+            return None
+        for m in body["messages"]:
+            if m["role"] == "assistant" and m.get("tool_calls") and "reasoning_content" not in m:
+                return Reply(status=400, raw=OPENROUTER_400, headers={"Content-Type": "application/json"})
+        return answers.pop(0)
+
+    llm.on_request(openrouter)
+    assert await rt.agent.run_turn(GROUP.id, Replies(), GROUP_ENTRY) == "replied"
+    assert len(chat_requests(llm)) == 2

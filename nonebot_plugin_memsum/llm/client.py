@@ -484,10 +484,22 @@ def _error_text(body: bytes) -> str:
     if isinstance(data, dict):
         error = data.get("error", data)
         if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return error["message"]
+            return error["message"] + _upstream(error.get("metadata"))
         if isinstance(error, str):
             return error
     return json.dumps(data, ensure_ascii=False)
+
+
+def _upstream(metadata: object) -> str:
+    """The upstream provider's own error behind a gateway's (OpenRouter: "Provider returned
+    error" with `metadata.provider_name` and the upstream body in `metadata.raw`, its docs'
+    "Errors and Debugging"), so the owner reads it and the retries that read error texts
+    (context too long, DeepSeek's reasoning) recognise it; "" when there is none."""
+    if not isinstance(metadata, dict) or not isinstance(raw := metadata.get("raw"), str) or not raw:
+        return ""
+    name = metadata.get("provider_name")
+    said = _error_text(raw.encode())
+    return f" ({name}: {said})" if isinstance(name, str) else f" ({said})"
 
 
 def _retry_after(value: str | None) -> float | None:
