@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -52,6 +53,11 @@ class Message:
     addressed: bool = field(default=False, compare=False)
     """The message asked the bot for an answer (@, a reply to it, its nickname, a private
     chat): start-up finds questions a crash left unanswered by it."""
+    withdrawn: bool = field(default=False, compare=False)
+    """Its sender (or an admin) withdrew it on the platform (QQ 撤回: `group_recall`,
+    `friend_recall`). Stored as said (R-MEM-2, the owner's page shows it), but what reaches
+    the model (a request, a summary, a later quote) is `shown_content`: its label and
+    WITHDRAWN_TEXT. Read from the store with no `tokens`: the stored estimate is of the text."""
     wire: Any = field(default=None, init=False, repr=False, compare=False)
     """Its wire form (`llm.client.WireMessage`), made once by `agent/wire.py` when a request
     first sends it: a memo that lives and dies with this object, so it is bounded by whatever
@@ -62,6 +68,21 @@ class Message:
     def is_conversation(self) -> bool:
         """User, assistant, tool and notice messages that are not event markers."""
         return not self.event_marker and self.role in CONVERSATION_ROLES
+
+
+WITHDRAWN_TEXT = "（这条消息已撤回）"
+"""What the model reads of a withdrawn message, after its `[昵称(ID)]` label."""
+_LABEL = re.compile(r"\[[^\[\]()\n]*\(\d+\)\] ")
+"""A chat message's leading `[昵称(ID)] ` label (onebot/render.py `labelled`)."""
+
+
+def shown_content(m: Message) -> str:
+    """The content the model reads: as stored, or for a withdrawn message its label (the
+    record that someone said something stays) and WITHDRAWN_TEXT, as QQ's clients show it."""
+    if not m.withdrawn:
+        return m.content
+    label = _LABEL.match(m.content) if m.role == "user" else None
+    return (label.group(0) if label else "") + WITHDRAWN_TEXT
 
 
 RoomClass = Literal["room", "direct"]

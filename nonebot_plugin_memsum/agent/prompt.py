@@ -16,7 +16,13 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from nonebot_plugin_memsum.llm.tokens import MESSAGE_OVERHEAD, NOTICE_PREFIX, REQUEST_OVERHEAD
-from nonebot_plugin_memsum.types import CONVERSATION_ROLES, REASONING_KEY, Message, tool_reasoning
+from nonebot_plugin_memsum.types import (
+    CONVERSATION_ROLES,
+    REASONING_KEY,
+    Message,
+    shown_content,
+    tool_reasoning,
+)
 
 CONTEXT_ANCHOR = "context"
 C = TypeVar("C")
@@ -154,7 +160,7 @@ def _sendable_checked(history: Sequence[Message]) -> list[Message]:
                 out.append(m)
             elif m.content:
                 # No id: the copy is not the stored message (estimates are cached by id).
-                out.append(Message(role="assistant", content=m.content, ts=m.ts))
+                out.append(Message(role="assistant", content=m.content, ts=m.ts, withdrawn=m.withdrawn))
         elif m.role == "tool":
             if m.tool_call_id in called:
                 out.append(m)
@@ -172,11 +178,12 @@ def _has_tool_messages(history: Sequence[Message]) -> bool:
 
 
 def to_openai(m: Message) -> dict[str, Any]:
-    """One stored message as an OpenAI chat message. Notices go in as user turns."""
+    """One stored message as an OpenAI chat message. Notices go in as user turns; a withdrawn
+    message (撤回) as its label and a placeholder (`shown_content`), never its text."""
     if m.role == "tool":
         return {"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content}
     if m.role == "assistant":
-        out: dict[str, Any] = {"role": "assistant", "content": m.content or None}
+        out: dict[str, Any] = {"role": "assistant", "content": shown_content(m) or None}
         if m.tool_calls:
             out["tool_calls"] = [
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
@@ -189,7 +196,7 @@ def to_openai(m: Message) -> dict[str, Any]:
         return {"role": "system", "content": m.content}
     if m.role == "notice":
         return {"role": "user", "content": f"{NOTICE_PREFIX}{m.content}"}
-    return {"role": "user", "content": m.content}
+    return {"role": "user", "content": shown_content(m)}
 
 
 @dataclass(frozen=True, slots=True)

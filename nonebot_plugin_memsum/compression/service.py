@@ -190,10 +190,13 @@ class _Run:
 
 
 def same_item(a: Message, b: Message) -> bool:
-    """R-RUN-11: timestamp, role, content and tool call ids (the very same object: both
-    reads came from the history cache, which holds what the database holds)."""
+    """R-RUN-11: timestamp, role, content, tool call ids and whether it was withdrawn (a
+    withdrawal during the run: the summary may hold its text, so the run fails once and the
+    next renders it withdrawn). The very same object: both reads came from the history cache,
+    which holds what the database holds."""
     return a is b or (
         a.id == b.id
+        and a.withdrawn == b.withdrawn
         and a.ts == b.ts
         and a.role == b.role
         and a.content == b.content

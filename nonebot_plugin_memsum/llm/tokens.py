@@ -29,7 +29,7 @@ import tiktoken
 from nonebot.log import logger
 from tiktoken_ext.openai_public import ENDOFPROMPT, ENDOFTEXT, FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX
 
-from nonebot_plugin_memsum.types import tool_reasoning
+from nonebot_plugin_memsum.types import shown_content, tool_reasoning
 
 if TYPE_CHECKING:
     from nonebot_plugin_memsum.types import Message
@@ -306,7 +306,7 @@ def estimate_msg_tokens(msg: Message, *, keep: bool = True) -> int:
     calls with their ids, a tool result with the id it answers. `keep`: as for
     `estimate_text_tokens` (False for a message being stored: `Message.tokens` keeps it).
     """
-    content = NOTICE_PREFIX + msg.content if msg.role == "notice" else msg.content
+    content = NOTICE_PREFIX + msg.content if msg.role == "notice" else shown_content(msg)
     total = MESSAGE_OVERHEAD + estimate_text_tokens(content, keep=keep)
     for call in msg.tool_calls:
         total += TOOL_CALL_OVERHEAD + estimate_text_tokens(call.id, keep=keep)

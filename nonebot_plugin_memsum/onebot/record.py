@@ -19,7 +19,7 @@ from nonebot.log import logger
 
 from nonebot_plugin_memsum import clock, runtime
 from nonebot_plugin_memsum.errors import StoreError
-from nonebot_plugin_memsum.types import Message, SessionRecord
+from nonebot_plugin_memsum.types import WITHDRAWN_TEXT, Message, SessionRecord
 
 from . import names, recovery
 from .notices import card_change, notice_text, people, withdrawn_id
@@ -137,7 +137,10 @@ async def message_of(
         reply_name = names.bot_name() if is_bot else (sender.card or sender.nickname)
         quoted = segments_of(event.reply.message)
         known |= names.known(bot, scope, _mentioned(quoted))
-        quote = quote_marker(reply_name, sender.user_id or 0, render_segments(quoted, known))
+        said = render_segments(quoted, known)
+        if await _withdrawn(scope, event.reply.message_id):  # the implementation may still hold it
+            said = WITHDRAWN_TEXT
+        quote = quote_marker(reply_name, sender.user_id or 0, said)
     body = render_segments(segments, known)
     return Message(
         role="user",
@@ -148,6 +151,16 @@ async def message_of(
         platform_id=str(event.message_id),
         addressed=addressed,
     )
+
+
+async def _withdrawn(scope: str, message_id: int) -> bool:
+    """Whether the session's stored message with this platform id was withdrawn (撤回): a
+    later reply's quote then shows the placeholder, as QQ's clients do, not its text."""
+    try:
+        stored = await runtime.get().store.by_platform_id(scope, str(message_id))
+    except StoreError:
+        return False  # the message's own write fails next and says so
+    return stored is not None and stored.withdrawn
 
 
 def drop_foreign_quote(bot: Bot, event: MessageEvent) -> None:
@@ -190,6 +203,8 @@ async def fill_forgotten_quote(bot: Bot, event: MessageEvent) -> None:
         name, user_id, body = parts
     else:
         return
+    if stored.withdrawn:
+        body = WITHDRAWN_TEXT
     event.reply = Reply(
         time=int(stored.ts or 0),
         message_type=event.message_type,

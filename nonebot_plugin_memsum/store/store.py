@@ -54,7 +54,7 @@ ReplyState = Literal["sending", "sent"]
 
 _MESSAGE_COLUMNS = (
     "id, role, content, name, tool_calls, tool_call_id, ts, metadata, event_marker, tokens,"
-    " platform_id, addressed"
+    " platform_id, addressed, withdrawn"
 )
 _INSERT_MESSAGE = (
     "INSERT INTO messages (session_id, role, content, name, tool_calls, tool_call_id, ts, metadata,"
@@ -129,7 +129,7 @@ def _reply_mark(session_id: str, upto: int, state: ReplyState) -> tuple[str, tup
 
 
 # A row becomes a Message without going through its frozen __init__, which sets each
-# of the 12 fields through object.__setattr__: setting the slots directly decodes a
+# of the 13 fields through object.__setattr__: setting the slots directly decodes a
 # 5,000-message history about 4 times faster (~24 -> ~6 ms), and a compression or a cold
 # prompt reads thousands. Every field is named here; a field added to Message and not
 # here stops the import (and tests/test_store.py compares both ways of building one).
@@ -146,6 +146,7 @@ _ROW_FIELDS = (
     "tokens",
     "platform_id",
     "addressed",
+    "withdrawn",
     "wire",  # not stored: the wire form's memo (agent/wire.py) starts empty
 )
 if set(_ROW_FIELDS) != {f.name for f in dataclasses.fields(Message)}:
@@ -155,7 +156,7 @@ _ROW_SETTERS = tuple(getattr(Message, name).__set__ for name in _ROW_FIELDS)
 
 def _message_from_row(row: tuple[Any, ...]) -> Message:
     # Positional unpacking: this runs for every message of every prompt.
-    msg_id, role, content, name, calls, call_id, ts, metadata, marker, tokens, platform_id, addressed = row
+    msg_id, role, content, name, calls, call_id, ts, metadata, marker, tokens, pid, addressed, gone = row
     values = (
         msg_id,
         role,
@@ -168,9 +169,10 @@ def _message_from_row(row: tuple[Any, ...]) -> Message:
         ts,
         json.loads(metadata) if metadata else {},
         bool(marker),
-        tokens,
-        platform_id,
+        None if gone else tokens,  # the estimate of its text: not what is sent of it
+        pid,
         bool(addressed),
+        bool(gone),
         None,
     )
     msg = object.__new__(Message)
@@ -338,7 +340,9 @@ class Tx:
     async def mark_withdrawn(self, session_id: str, platform_id: str) -> None:
         """The session's messages stored under this platform id were withdrawn on the platform
         (group_recall, friend_recall): kept, but found by a search only when it asks for them
-        (`SearchQuery.withdrawn`). Not a field of Message: the cached history stays true."""
+        (`SearchQuery.withdrawn`), and read back as `Message.withdrawn` (the model reads a
+        placeholder): the session's cached history is read again."""
+        self._touched.add(session_id)
         await self._write(
             "UPDATE messages SET withdrawn = 1 WHERE session_id = ? AND platform_id = ?",
             (session_id, platform_id),
@@ -534,9 +538,9 @@ class Tx:
         hits: list[tuple[float, Message]] = []
         near: dict[tuple[int, int], list[Message]] = {}
         withdrawn: set[int] = set()
-        for row in await self._live().search(query, _MESSAGE_COLUMNS + ", withdrawn", context):
-            hit_id, side, score, msg = row[0], row[1], row[2], _message_from_row(row[3:-1])
-            if row[-1]:
+        for row in await self._live().search(query, _MESSAGE_COLUMNS, context):
+            hit_id, side, score, msg = row[0], row[1], row[2], _message_from_row(row[3:])
+            if msg.withdrawn:
                 withdrawn.add(msg.id or 0)
             if side == 0:
                 hits.append((float(score), msg))
