@@ -40,7 +40,7 @@ from nonebot_plugin_memsum.llm.tokens import MESSAGE_OVERHEAD, estimate_msg_toke
 from nonebot_plugin_memsum.store import Store
 from nonebot_plugin_memsum.types import Message
 from tests.fakes.botproc import BotProcess
-from tests.fakes.e2e import SELF_ID, group_sid, query, running_bot, until
+from tests.fakes.e2e import SELF_ID, group_sid, private_sid, query, running_bot, until
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.onebot import (
     FORWARD_ACTIONS,
@@ -165,6 +165,33 @@ async def test_a_withdrawn_message_reaches_neither_the_chat_nor_a_quote_nor_the_
         [hit] = (await owner.get(f"/api/sessions/{sid}/search", params={"q": PHONE})).json()["results"]
     assert hit["hit"]["content"].endswith(MISTAKE)
     assert hit["hit"]["withdrawn"] is True
+
+
+async def test_a_message_withdrawn_in_a_private_chat_is_sent_as_the_placeholder_next_turn(
+    env: tuple[BotProcess, OneBotSim, ScriptedLLM],
+) -> None:
+    """In a private chat the owner sends a password by mistake, the bot answers, the owner
+    withdraws it: the next turn's request holds the label and the placeholder, and the
+    notice that something was withdrawn."""
+    bot, sim, llm = env
+    llm.reset()
+    llm.push(Reply("记下了"), Reply("好的"))
+    user = 10077
+    sid = private_sid(user)
+    mark = len(sim.calls)
+    oops = await sim.private_message(user, "服务器 root 密码是 Qw3rty!2026", nickname="老王")
+    assert await next_send(sim, mark) == "记下了"
+    # OneBot v11 event/notice.md 好友消息撤回: {notice_type: friend_recall, user_id, message_id}.
+    await sim.notice("friend_recall", user_id=user, message_id=oops)
+    await wait_rows(bot, sid, 3)
+    mark = len(sim.calls)
+    await sim.private_message(user, "刚才那条别记", nickname="老王")
+    assert await next_send(sim, mark) == "好的"
+    last = [b for b in llm.requests if is_chat(b)][-1]
+    assert "Qw3rty" not in sent_text(last)
+    users = [m["content"] for m in last["messages"] if m["role"] == "user"]
+    assert users[0] == f"[老王({user})] {WITHDRAWN_TEXT}"
+    assert any("老王" in u and "撤回了一条消息" in u for u in users[1:])
 
 
 # ---- the store, the cache, the wire memo, the estimates: both engines -------------------
