@@ -130,14 +130,11 @@ async def run_turn(session_id: str, reply: ReplyFn | None = None, entry: Entry =
 
     "silent" without a model call (and no turn events) when nothing is new to answer: no user
     message or notice stored since the last turn read the history (record one first to make
-    the bot speak). Raises SessionNotFound for a session that does not exist."""
-    rt = runtime.get()
+    the bot speak). Judged once the session's turn is this call's: two calls at once after
+    one message get one answer ("replied", then "silent"). Raises SessionNotFound for a
+    session that does not exist."""
     await _existing(session_id)
-    answered = await rt.store.answered_upto(session_id)
-    history = await rt.store.get_history(session_id)
-    if not any(m.id is not None and m.id > answered and m.role in ("user", "notice") for m in history):
-        return "silent"
-    return await rt.agent.run_turn(session_id, reply, entry)
+    return await runtime.get().agent.run_turn(session_id, reply, entry, only_new=True)
 
 
 async def build_prompt(session_id: str, entry: Entry = Entry()) -> Prompt:

@@ -252,11 +252,22 @@ class Agent:
         )
 
     async def run_turn(
-        self, session_id: str, reply: ReplyFn | None = None, entry: Entry = Entry()
+        self,
+        session_id: str,
+        reply: ReplyFn | None = None,
+        entry: Entry = Entry(),
+        *,
+        only_new: bool = False,
     ) -> Outcome:
-        """One turn now (waiting for the session's turn in progress, if any)."""
+        """One turn now (waiting for the session's turn in progress, if any).
+
+        `only_new`: "silent" without a model call or turn events when, once the turn is this
+        caller's, no user message or notice came in since the last turn read the history (a
+        turn that ran while this one waited may have answered it: api.run_turn)."""
         turn_id = uuid.uuid4().hex
         async with self.turn_lock(session_id):
+            if only_new and not await self._has_new(session_id):
+                return "silent"
             self._turn_tasks[session_id] = asyncio.current_task()
             started = time.perf_counter()
             stats = _TurnStats()
@@ -290,6 +301,12 @@ class Agent:
                 await self.bus.emit(TurnEnded(turn_id, session_id, outcome))
                 self._turn_tasks.pop(session_id, None)
         return outcome
+
+    async def _has_new(self, session_id: str) -> bool:
+        """Whether a user message or notice was stored after what the last turn answered."""
+        answered = await self.store.answered_upto(session_id)
+        history = await self.store.get_history(session_id)
+        return any(m.id is not None and m.id > answered and m.role in ("user", "notice") for m in history)
 
     async def _send_answer(self, session_id: str, upto: int | None, reply: ReplyFn, text: str) -> None:
         """Send an answer to the questions up to message `upto`, marked as being sent first:
