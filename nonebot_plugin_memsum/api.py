@@ -36,6 +36,7 @@ from nonebot_plugin_memsum.errors import (
     MemsumError,
     SessionNotFound,
     StoreError,
+    ToolNameTaken,
 )
 from nonebot_plugin_memsum.store import SearchHit, SearchQuery
 from nonebot_plugin_memsum.types import Message, SessionRecord, ToolCall
@@ -56,6 +57,7 @@ __all__ = [
     "SessionStatus",
     "StoreError",
     "ToolCall",
+    "ToolNameTaken",
     "TurnEnded",
     "TurnStarted",
     "UsageEvent",
@@ -156,9 +158,13 @@ def contribute(anchor: str, fn: Callable[[str], Awaitable[str | None]]) -> None:
     runtime.get().agent.contribute(anchor, fn)
 
 
-def tool(name: str, description: str, parameters: dict[str, Any]) -> Callable[[ToolFn], ToolFn]:
-    """Decorator offering a function to the chat model as a tool."""
-    return runtime.get().tools.tool(name, description, parameters)
+def tool(
+    name: str, description: str, parameters: dict[str, Any], *, replace: bool = False
+) -> Callable[[ToolFn], ToolFn]:
+    """Decorator offering a function to the chat model as a tool. A name already offered (the
+    built-in `recall` and `todo_write`, or another plugin's tool) raises ToolNameTaken naming
+    it; `replace=True` replaces that tool on purpose."""
+    return runtime.get().tools.tool(name, description, parameters, replace=replace)
 
 
 def subscribe(event_type: type[E], handler: Callable[[E], Awaitable[None] | None]) -> Callable[[], None]:

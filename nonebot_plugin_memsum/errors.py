@@ -4,6 +4,7 @@
     ├── ConfigError               a `.env` value is out of range or of the wrong shape
     ├── NotStarted                the plugin is used before NoneBot started it (also a RuntimeError)
     ├── SessionNotFound           `api` was given a session id that was never created (also a LookupError)
+    ├── ToolNameTaken             `api.tool` was given a name already offered to the model (also a ValueError)
     ├── StoreError                the SQLite file cannot be opened, read or written
     │   └── SchemaTooNewError     the file was written by a newer version of the plugin
     ├── NoChatModel               no chat-capable model is configured
@@ -51,6 +52,19 @@ class SessionNotFound(MemsumError, LookupError):
             f"no session {session_id!r}: create it with api.internal_session or api.record first"
         )
         self.session_id = session_id
+
+
+class ToolNameTaken(MemsumError, ValueError):
+    """A tool name already registered (a built-in one, or another plugin's); `api.tool(...,
+    replace=True)` replaces it on purpose."""
+
+    def __init__(self, name: str, builtin: bool) -> None:
+        whose = "built in to nonebot-plugin-memsum" if builtin else "registered by another plugin"
+        super().__init__(
+            f"a tool named {name!r} is already offered to the model ({whose}); choose another"
+            " name, or pass replace=True to replace it"
+        )
+        self.name = name
 
 
 class StoreError(MemsumError):

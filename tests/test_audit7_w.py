@@ -12,11 +12,14 @@ OpenAI-compatible server over real HTTP, nonebug for the commands.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from nonebot_plugin_memsum import api, runtime
+from nonebot_plugin_memsum.agent.tools import ToolContext
 from nonebot_plugin_memsum.config import ModelConfig
 from tests.fakes.llm_server import Reply, ScriptedLLM
 
@@ -67,3 +70,82 @@ async def test_two_concurrent_run_turns_after_one_message_call_the_model_once_an
     llm.push(Reply("后天晴。"))
     assert await api.run_turn(session.id, send) == "replied"
     assert sent == ["明天多云，不下雨。", "后天晴。"]
+
+
+# ---- api.tool with a name already taken ----------------------------------------------------------
+@pytest.fixture
+def own_tools() -> Iterator[None]:
+    """The tools a test registers on the plugin's runtime are gone after it; the built-in
+    ones are as they were."""
+    registry = runtime.get().tools
+    before = dict(registry._tools)  # pyright: ignore[reportPrivateUsage]
+    try:
+        yield
+    finally:
+        registry._tools.clear()  # pyright: ignore[reportPrivateUsage]
+        registry._tools.update(before)  # pyright: ignore[reportPrivateUsage]
+
+
+def _recall_call(query: str) -> dict[str, str]:
+    return {"id": "call-1", "name": "recall", "arguments": json.dumps({"query": query}, ensure_ascii=False)}
+
+
+async def test_a_plugin_tool_named_as_a_built_in_one_is_refused_naming_it_and_the_built_in_stays(
+    llm: ScriptedLLM, own_tools: None
+) -> None:
+    # Before: @api.tool("recall", …) silently replaced the built-in recall: the model's
+    # searches of the session's own history went to the other plugin's function.
+    called: list[dict[str, Any]] = []
+
+    async def my_recall(ctx: ToolContext, args: dict[str, Any]) -> str:
+        called.append(args)
+        return "别的插件的结果"
+
+    for name in ("recall", "todo_write"):
+        with pytest.raises(api.ToolNameTaken) as taken:
+            api.tool(name, "我的搜索", {"type": "object", "properties": {}})(my_recall)
+        assert taken.value.name == name
+        assert f"'{name}'" in str(taken.value)
+        assert "built in" in str(taken.value)
+        assert "replace=True" in str(taken.value)
+        assert isinstance(taken.value, ValueError)
+    # The model still gets the built-in recall, and its searches reach the session's history.
+    session = await api.internal_session("w:tool-clash")
+    await api.record(session, api.Message(role="user", content="[甲(1)] 提取码是 w7k2"))
+    await api.record(session, api.Message(role="user", content="[乙(2)] 我之前说的提取码是多少？"))
+    llm.push(Reply("", tool_calls=[_recall_call("提取码")]), Reply("是 w7k2。"))
+    assert await api.run_turn(session.id) == "replied"
+    assert called == []
+    tool_result = next(m for m in await api.history(session.id) if m.role == "tool")
+    assert "w7k2" in tool_result.content
+    assert "别的插件" not in tool_result.content
+    offered = [t["function"] for t in llm.requests[0]["tools"]]
+    assert [t["description"] for t in offered if t["name"] == "recall"] != ["我的搜索"]
+
+
+async def test_a_tool_name_two_plugins_use_is_refused_and_replace_true_replaces_on_purpose(
+    llm: ScriptedLLM, own_tools: None
+) -> None:
+    @api.tool("w_weather", "查天气", {"type": "object", "properties": {}})
+    def weather(ctx: ToolContext, args: dict[str, Any]) -> str:
+        return "晴"
+
+    with pytest.raises(api.ToolNameTaken) as taken:
+        api.tool("w_weather", "查天气（另一个插件）", {"type": "object", "properties": {}})(weather)
+    assert "'w_weather'" in str(taken.value)
+    assert "built in" not in str(taken.value)
+
+    # replace=True: the author means it; the model is offered the new one, once.
+    @api.tool("recall", "我的搜索", {"type": "object", "properties": {}}, replace=True)
+    def my_recall(ctx: ToolContext, args: dict[str, Any]) -> str:
+        return "别的插件的结果"
+
+    session = await api.internal_session("w:tool-replace")
+    await api.record(session, api.Message(role="user", content="[甲(1)] 搜一下提取码"))
+    llm.push(Reply("", tool_calls=[_recall_call("提取码")]), Reply("好了"))
+    assert await api.run_turn(session.id) == "replied"
+    offered = [t["function"] for t in llm.requests[0]["tools"]]
+    assert [t["description"] for t in offered if t["name"] == "recall"] == ["我的搜索"]
+    assert [t["name"] for t in offered].count("recall") == 1
+    tool_result = next(m for m in await api.history(session.id) if m.role == "tool")
+    assert tool_result.content == "别的插件的结果"

@@ -149,7 +149,7 @@ def register_recall_tool(
 ) -> None:
     """`recall`, reading and writing times in `zone` (MEMSUM_TIMEZONE, as /用量 does)."""
 
-    @registry.tool("recall", DESCRIPTION, PARAMETERS)
+    @registry.tool("recall", DESCRIPTION, PARAMETERS, builtin=True)
     async def recall(ctx: ToolContext, args: dict[str, Any]) -> str:
         try:
             query = query_of(ctx.session_id, args, zone)

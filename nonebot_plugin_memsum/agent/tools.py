@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from nonebot.log import logger
 
+from nonebot_plugin_memsum.errors import ToolNameTaken
 from nonebot_plugin_memsum.store import Store
 
 TODO_NAMESPACE = "todo"
@@ -53,12 +54,26 @@ class ToolRegistry:
 
     def __init__(self) -> None:
         self._tools: dict[str, Tool] = {}
+        self._builtin: set[str] = set()
 
-    def tool(self, name: str, description: str, parameters: Mapping[str, Any]) -> Callable[[ToolFn], ToolFn]:
-        """Decorator: `@registry.tool("weather", "…", {"type": "object", …})`."""
+    def tool(
+        self,
+        name: str,
+        description: str,
+        parameters: Mapping[str, Any],
+        *,
+        replace: bool = False,
+        builtin: bool = False,
+    ) -> Callable[[ToolFn], ToolFn]:
+        """Decorator: `@registry.tool("weather", "…", {"type": "object", …})`. A name already
+        registered raises ToolNameTaken unless `replace` (`builtin`: the plugin's own tools)."""
 
         def register(fn: ToolFn) -> ToolFn:
+            if name in self._tools and not replace:
+                raise ToolNameTaken(name, name in self._builtin)
             self._tools[name] = Tool(name, description, parameters, fn)
+            if builtin:
+                self._builtin.add(name)
             return fn
 
         return register
@@ -137,6 +152,7 @@ def register_todo_tool(registry: ToolRegistry, provider: TodoProvider) -> None:
             },
             "required": ["items"],
         },
+        builtin=True,
     )
     async def todo_write(ctx: ToolContext, args: dict[str, Any]) -> str:
         items = []
