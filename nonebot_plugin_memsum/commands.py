@@ -190,6 +190,8 @@ async def _compress(call: _Call) -> str:
 
 
 async def _summary(call: _Call) -> str:
+    if call.args:  # 「/摘要 今天」 would read as if the word meant something
+        return "用法：/摘要（不带参数）"
     rt = runtime.get()
     return status_text(await rt.compression.status(call.record.id), usage.zone_of(rt.config))
 
@@ -436,6 +438,8 @@ async def _recall(call: _Call) -> str:
 
 async def _help(call: _Call) -> str:
     """What the asker may use, here (as NoneBot's permission of each command decides it)."""
+    if call.args:
+        return "用法：/记忆帮助（不带参数）"
     bot = call.bot
     lines = [c.usage for c in COMMANDS if c.name and await c.permission(bot, call.event)]
     return "\n".join([*lines, *_HELP_NOTES])

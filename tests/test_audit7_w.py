@@ -149,3 +149,36 @@ async def test_a_tool_name_two_plugins_use_is_refused_and_replace_true_replaces_
     assert [t["name"] for t in offered].count("recall") == 1
     tool_result = next(m for m in await api.history(session.id) if m.role == "tool")
     assert tool_result.content == "别的插件的结果"
+
+
+# ---- commands that take no argument ------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("typed", "usage"),
+    [
+        ("/摘要 多余参数", "用法：/摘要（不带参数）"),
+        ("/摘要 今天", "用法：/摘要（不带参数）"),
+        ("/记忆帮助 压缩", "用法：/记忆帮助（不带参数）"),
+        ("/压缩 现在", "用法：/压缩（不带参数）"),
+    ],
+)
+async def test_a_command_that_takes_no_argument_answers_one_with_its_usage_line(
+    app: Any, typed: str, usage: str
+) -> None:
+    # Before: /摘要 and /记忆帮助 ignored the words after them (「/摘要 今天」 showed the whole
+    # summary as if the date meant something) while 「/压缩 现在」 showed its usage.
+    from tests.fakes.nonebug import group_msg, new_group, private_msg, run
+
+    group = new_group()
+    await run(app, group_msg(typed, group), usage)
+    await run(app, private_msg(typed), usage)
+
+
+async def test_the_commands_without_an_argument_still_answer_and_trailing_spaces_are_no_argument(
+    app: Any,
+) -> None:
+    from tests.fakes.nonebug import Like, group_msg, new_group, private_msg, run
+
+    group = new_group()
+    await run(app, group_msg("/摘要", group), Like("本会话还没有摘要。\n.*"))
+    await run(app, group_msg("/摘要\u3000", group), Like("本会话还没有摘要。\n.*"))  # a full-width space
+    await run(app, private_msg("/记忆帮助 "), Like("/压缩  立即压缩本会话\n.*"))
