@@ -79,6 +79,7 @@ async def start(config: Config, location: Location, nicknames: list[str], superu
             f"memsum: database {_current.store}; chat model {chat.id if chat else '-'}, "
             f"summary model {summary.id if summary else '-'}; tokenizer {encoding_name()}"
         )
+        await check_stored_personas(_current)
         await resume(_current)
         _defer_sigterm(_current)
     return _current
@@ -112,6 +113,24 @@ def check_personas(rt: Runtime) -> None:
                 f" request of the chat model {model_id} may carry (context_window × MEMSUM_TRIM_RATIO"
                 " − the reply reserve); shorten it or use a model with a larger context_window"
             )
+
+
+async def check_stored_personas(rt: Runtime) -> None:
+    """Say once in the log which personas set with /人设 (per place, or per private chat) the
+    chat model cannot carry whole: set under a model with a larger window, they are only
+    checked when set. Their turns send them cut to fit (`Agent.fit_persona`)."""
+    model = rt.registry.resolve("chat")
+    if model is None:
+        return
+    try:
+        stored = await rt.store.all_settings()
+    except StoreError as err:
+        logger.error(f"memsum: could not read the stored personas to check them ({err})")
+        return
+    for (scope, key), values in stored.items():
+        persona = values.get("persona")
+        if isinstance(persona, str) and persona:
+            rt.agent.fit_persona(persona, model, f"{scope} {key}")
 
 
 async def resume(rt: Runtime) -> None:

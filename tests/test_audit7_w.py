@@ -21,7 +21,16 @@ import pytest
 from nonebot_plugin_memsum import api, runtime
 from nonebot_plugin_memsum.agent.tools import ToolContext
 from nonebot_plugin_memsum.config import ModelConfig
+from nonebot_plugin_memsum.llm.tokens import estimate_text_tokens
+from nonebot_plugin_memsum.onebot import group_record
+from tests.fakes.botproc import BotProcess
+from tests.fakes.e2e import SELF_ID, connected, query, until
 from tests.fakes.llm_server import Reply, ScriptedLLM
+from tests.fakes.onebot import at
+from tests.fakes.onebot import text as seg
+
+SUPERUSER = 10001
+MEMBER = 20003
 
 
 @pytest.fixture
@@ -182,3 +191,123 @@ async def test_the_commands_without_an_argument_still_answer_and_trailing_spaces
     await run(app, group_msg("/摘要", group), Like("本会话还没有摘要。\n.*"))
     await run(app, group_msg("/摘要\u3000", group), Like("本会话还没有摘要。\n.*"))  # a full-width space
     await run(app, private_msg("/记忆帮助 "), Like("/压缩  立即压缩本会话\n.*"))
+
+
+# ---- a /人设 set under a larger window, then a smaller model -------------------------------------------
+# A cat-girl persona as owners write them: 996 characters, about 914 tokens.
+LONG_PERSONA = "你是一只说话带喵的猫娘，" * 83
+SMALL_WINDOW = 1800
+SMALL_BUDGET = SMALL_WINDOW - 1024  # the trim budget: the window less the reply reserve
+
+
+def _request_tokens(body: dict[str, Any]) -> int:
+    """What a request carries, as the plugin estimates it: the messages and the tools."""
+    tools = json.dumps(body.get("tools") or [], ensure_ascii=False)
+    return estimate_text_tokens(tools) + sum(
+        estimate_text_tokens(str(m.get("content") or "")) + 4 for m in body["messages"]
+    )
+
+
+def _warnings_naming(log: str, needle: str) -> list[str]:
+    return [line for line in log.splitlines() if needle in line and "WARNING" in line]
+
+
+async def test_a_place_persona_too_big_for_a_new_smaller_model_is_logged_once_and_requests_fit(
+    tmp_path: Any,
+) -> None:
+    # Before: /人设 checked the persona against the model of its day only. After the owner
+    # moved to a model with a smaller window nothing said so, and every request of the group
+    # was the whole persona plus the question cut to nothing: over the window (a provider
+    # refuses it, and the group gets the error reply every time).
+    assert estimate_text_tokens(LONG_PERSONA) > SMALL_BUDGET
+    group = 71001
+    place = f"place onebot:group:{group}"
+    with ScriptedLLM() as llm:
+        big = llm.model_config("w/big", context_window=32000)
+        bot = BotProcess(tmp_path, env={"MEMSUM_MODELS": json.dumps([big])}, log_level="INFO")
+        async with bot, connected(bot) as sim:
+            await sim.group_message(group, SUPERUSER, f"/人设 {LONG_PERSONA}")
+
+            async def stored() -> bool:
+                rows = await query(bot.db_path, "SELECT value FROM settings WHERE name = 'persona'")
+                return rows == [(json.dumps(LONG_PERSONA, ensure_ascii=False),)]
+
+            await until(stored, "the persona stored")
+            assert _warnings_naming(bot.log(), place) == []  # it fits the model of its day
+            small = llm.model_config("w/small", context_window=SMALL_WINDOW)
+            bot.env["MEMSUM_MODELS"] = json.dumps([small])
+            await bot.restart()
+            await asyncio.wait_for(sim.disconnected.wait(), 15)
+            await sim.connect()
+            await until(lambda: _has(bot, f"Bot {SELF_ID} connected"), "the reconnection")
+            warned = _warnings_naming(bot.log(), place)
+            assert len(warned) == 1, bot.log()
+            assert "w/small" in warned[0]
+            assert "/人设" in warned[0]
+            assert "猫娘" not in warned[0]  # no persona text in the log
+            for question in ("今天星期几？", "那明天呢？"):
+                mark = len(llm.requests)
+                await sim.group_message(group, MEMBER, [at(SELF_ID), seg(question)])
+                body = (await llm.wait_requests_async(mark + 1))[mark]
+                persona = body["messages"][0]["content"]
+                assert LONG_PERSONA.startswith(persona)
+                assert 0 < estimate_text_tokens(persona) <= SMALL_BUDGET // 2
+                assert question in body["messages"][-1]["content"]  # the question whole
+                assert _request_tokens(body) + 1024 <= SMALL_WINDOW
+                await sim.wait_call("send_msg", timeout=15)
+            assert len(_warnings_naming(bot.log(), place)) == 1
+
+
+async def _has(bot: BotProcess, needle: str) -> bool:
+    return needle in bot.log()
+
+
+class OwnModel:
+    """The plugin runtime's chat model on a scripted server, its window set by the test."""
+
+    def __init__(self, llm: ScriptedLLM) -> None:
+        self.llm = llm
+
+    def __call__(self, window: int) -> None:
+        config = self.llm.model_config(f"w/window-{window}", context_window=window)
+        runtime.get().registry.set_models([ModelConfig(**config)])
+
+
+@pytest.fixture
+def own_model() -> Iterator[OwnModel]:
+    with ScriptedLLM() as server:
+        try:
+            yield OwnModel(server)
+        finally:
+            runtime.get().registry.set_models([])
+
+
+async def test_a_persona_too_big_after_the_model_changes_at_run_time_is_cut_and_said_once(
+    app: Any, own_model: OwnModel
+) -> None:
+    from nonebot.log import logger
+
+    from tests.fakes.nonebug import group_msg, new_group, run
+
+    group = new_group()
+    record = group_record("10000", group)
+    own_model(32000)  # the persona fits the model of its day
+    done = f"已设置本群人设（{len(LONG_PERSONA)} 字），从下一次回答起生效。\n现在：本群人设（本群）：\n"
+    await run(app, group_msg(f"/人设 {LONG_PERSONA}", group), done + LONG_PERSONA)
+    warnings: list[str] = []
+    sink = logger.add(lambda m: warnings.append(m.record["message"]), level="WARNING")
+    try:
+        own_model(SMALL_WINDOW)  # the owner's model list changes at run time
+        for question in ("[甲(1)] 今天星期几？", "[甲(1)] 那明天呢？"):
+            await api.record(record, api.Message(role="user", content=question))
+            assert await api.run_turn(record.id) == "replied"
+        prompt = await api.build_prompt(record.id)
+    finally:
+        logger.remove(sink)
+    naming = [w for w in warnings if f"place onebot:group:{group}" in w]
+    assert len(naming) == 1, warnings
+    assert prompt.messages[0]["content"] == own_model.llm.requests[-1]["messages"][0]["content"]
+    assert estimate_text_tokens(prompt.messages[0]["content"]) <= SMALL_BUDGET // 2
+    assert not prompt.trimmed
+    assert _request_tokens(own_model.llm.requests[-1]) + 1024 <= SMALL_WINDOW
+    assert own_model.llm.requests[-1]["messages"][-1]["content"] == "[甲(1)] 那明天呢？"

@@ -279,6 +279,17 @@ def _cut_to_fit(m: Message, tokens: int, estimate: Callable[[Message], int]) -> 
         keep = min(keep - 1, keep * tokens // cost)
 
 
+def cut_text(text: str, tokens: int, estimate_text: Callable[[str], int]) -> str:
+    """The longest head of `text` that takes at most `tokens` (measured, shrinking in
+    proportion as `_cut_to_fit` does)."""
+    keep = min(len(text), max(0, tokens))
+    while True:
+        cost = estimate_text(text[:keep])
+        if cost <= tokens or keep == 0:
+            return text[:keep]
+        keep = min(keep - 1, keep * tokens // cost)
+
+
 def trim_budget(window: int, trim_ratio: float, model_max_output: int | None, reply_max_tokens: int) -> int:
     """⌊trim_ratio × window⌋ − the reply reserve (the model's max output, capped by ours)."""
     reserve = min(model_max_output, reply_max_tokens) if model_max_output else reply_max_tokens

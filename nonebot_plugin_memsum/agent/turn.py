@@ -21,17 +21,17 @@ from nonebot.log import logger
 
 from nonebot_plugin_memsum import clock
 from nonebot_plugin_memsum.compression.budget import compression_line
-from nonebot_plugin_memsum.config import Config
+from nonebot_plugin_memsum.config import Config, ModelConfig
 from nonebot_plugin_memsum.errors import NoChatModel, StoreError
 from nonebot_plugin_memsum.llm import LLMClient, LLMError, LLMLengthLimit, Registry
 from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_text_tokens
-from nonebot_plugin_memsum.lru import KeyedLocks
-from nonebot_plugin_memsum.settings import Settings
+from nonebot_plugin_memsum.lru import LRU, KeyedLocks
+from nonebot_plugin_memsum.settings import Resolved, Settings, place_key, tier_keys
 from nonebot_plugin_memsum.store import ReplyState, Store
 from nonebot_plugin_memsum.types import REASONING_KEY, Message, SessionRecord, ToolCall
 
 from .events import EventBus, Outcome, TurnEnded, TurnStarted, UsageEvent
-from .prompt import Prompt, assemble, contribution_order, tools_tokens, trim_budget
+from .prompt import Prompt, assemble, contribution_order, cut_text, tools_tokens, trim_budget
 from .tools import ToolContext, ToolRegistry
 from .wire import wire_forms
 
@@ -99,6 +99,9 @@ class Agent:
     _turn_tasks: dict[str, asyncio.Task[Any] | None] = field(default_factory=dict)
     _tools_cost: tuple[list[dict[str, Any]], int] = ([], 0)
     """The latest tool schemas offered and their `tools_tokens` (see `_tools_tokens`)."""
+    _fitted: LRU[tuple[str, str, str], str] = field(default_factory=LRU)
+    """(where, model id, persona) → the persona as sent, for personas too big for the model
+    (`fit_persona`): each is logged once."""
     draining: bool = False
     """Shutting down: turns in flight finish, no new one starts (their questions are
     stored unanswered, so the next start answers them)."""
@@ -213,7 +216,8 @@ class Agent:
         settings = await self.settings.effective_all(
             session_id, entry_platform=entry.platform, entry_type=entry.platform_type
         )
-        limit, persona = int(settings["history_limit"].value), str(settings["persona"].value)
+        limit = int(settings["history_limit"].value)
+        persona = await self._persona_for(session_id, entry, settings["persona"], model)
         tools = self.tools.schemas() if with_tools else []
         _, prompt = await self._read_prompt(
             session_id, entry, limit, persona, self.trim_budget_of(model), tools
@@ -242,6 +246,46 @@ class Agent:
     def reply_reserve(self, max_output: int | None) -> int:
         cap = self.config.memsum_reply_max_tokens
         return min(max_output, cap) if max_output else cap
+
+    def fit_persona(self, persona: str, model: ModelConfig, where: str) -> str:
+        """The persona as sent to `model`. One that takes more than half of what a request of
+        it may carry (set with /人设 under a model with a larger window: only .env personas
+        are refused at start-up) is cut to that half, so the conversation keeps the other half
+        and the request fits the window; said once per place and model in the log."""
+        budget = self.trim_budget_of(model)
+        key = (where, model.id, persona)
+        if (fitted := self._fitted.get(key)) is not None:
+            return fitted
+        tokens = estimate_text_tokens(persona)
+        if tokens <= budget // 2:
+            return persona
+        fitted = self._fitted[key] = cut_text(persona, budget // 2, estimate_text_tokens)
+        logger.warning(
+            f"memsum: the persona of {where} takes {tokens} tokens, more than half of the {budget}"
+            f" a request of the chat model {model.id} may carry; only its first {len(fitted)} of"
+            f" {len(persona)} characters are sent (set a shorter one with /人设)"
+        )
+        return fitted
+
+    async def _persona_for(
+        self, session_id: str, entry: Entry, resolved: Resolved, model: ModelConfig
+    ) -> str:
+        """`fit_persona` for a session's persona, naming where it was set (the place, the
+        session, or the `.env` key)."""
+        persona = str(resolved.value)
+        if estimate_text_tokens(persona) <= self.trim_budget_of(model) // 2:
+            return persona  # every turn but those of a persona too big: no look-up
+        where = "MEMSUM_PERSONA"
+        if resolved.layer != "global":
+            record = await self.store.get_session(session_id)
+            platform, platform_type = tier_keys(record, entry.platform, entry.platform_type)
+            key = place_key(record) if record is not None else None
+            where = {
+                "place": f"place {key}",
+                "session": f"session {session_id}",
+                "platform": f"MEMSUM_TIERS[{platform}].persona",
+            }.get(resolved.layer, f"MEMSUM_TIERS[{platform_type}].persona")
+        return self.fit_persona(persona, model, where)
 
     def trim_budget_of(self, model) -> int:
         return trim_budget(
@@ -351,7 +395,7 @@ class Agent:
             session_id, entry_platform=entry.platform, entry_type=entry.platform_type
         )
         limit, compress_at = int(settings["history_limit"].value), settings["compress_at"]
-        persona = str(settings["persona"].value)
+        persona = await self._persona_for(session_id, entry, settings["persona"], model)
         budget = self.trim_budget_of(model)
         reserve = self.reply_reserve(model.max_output_tokens)
         line = None
