@@ -31,6 +31,7 @@ from nonebot_plugin_memsum.agent.tools import ToolFn
 from nonebot_plugin_memsum.agent.turn import Entry, ReplyFn
 from nonebot_plugin_memsum.compression.service import CompressionResult, SessionStatus
 from nonebot_plugin_memsum.errors import (
+    BadToolName,
     CompressionCancelled,
     CompressionError,
     MemsumError,
@@ -44,6 +45,7 @@ from nonebot_plugin_memsum.types import Message, SessionRecord, ToolCall
 E = TypeVar("E")
 
 __all__ = [
+    "BadToolName",
     "CompressionCancelled",
     "CompressionError",
     "CompressionProgress",
@@ -163,7 +165,8 @@ def tool(
 ) -> Callable[[ToolFn], ToolFn]:
     """Decorator offering a function to the chat model as a tool. A name already offered (the
     built-in `recall` and `todo_write`, or another plugin's tool) raises ToolNameTaken naming
-    it; `replace=True` replaces that tool on purpose."""
+    it; `replace=True` replaces that tool on purpose. A name the model APIs refuse (anything
+    but 1 to 64 of a-z, A-Z, 0-9, `_` and `-`: no Chinese, spaces or dots) raises BadToolName."""
     return runtime.get().tools.tool(name, description, parameters, replace=replace)
 
 

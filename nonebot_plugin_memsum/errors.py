@@ -5,6 +5,7 @@
     ├── NotStarted                the plugin is used before NoneBot started it (also a RuntimeError)
     ├── SessionNotFound           `api` was given a session id that was never created (also a LookupError)
     ├── ToolNameTaken             `api.tool` was given a name already offered to the model (also a ValueError)
+    ├── BadToolName               `api.tool` was given a name the model APIs refuse (also a ValueError)
     ├── StoreError                the SQLite file cannot be opened, read or written
     │   └── SchemaTooNewError     the file was written by a newer version of the plugin
     ├── NoChatModel               no chat-capable model is configured
@@ -63,6 +64,18 @@ class ToolNameTaken(MemsumError, ValueError):
         super().__init__(
             f"a tool named {name!r} is already offered to the model ({whose}); choose another"
             " name, or pass replace=True to replace it"
+        )
+        self.name = name
+
+
+class BadToolName(MemsumError, ValueError):
+    """A tool name OpenAI-compatible APIs refuse (they answer every request offering it
+    with a 400): 1 to 64 of a-z, A-Z, 0-9, `_` and `-`."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"tool name {name!r} would make the model API refuse every request: use 1 to 64 of"
+            " a-z, A-Z, 0-9, '_' and '-' (say what the tool does in Chinese in its description)"
         )
         self.name = name
 

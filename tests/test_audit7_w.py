@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -311,3 +312,52 @@ async def test_a_persona_too_big_after_the_model_changes_at_run_time_is_cut_and_
     assert not prompt.trimmed
     assert _request_tokens(own_model.llm.requests[-1]) + 1024 <= SMALL_WINDOW
     assert own_model.llm.requests[-1]["messages"][-1]["content"] == "[甲(1)] 那明天呢？"
+
+
+# OpenAI's rule for a tool's name, from its API reference (ChatCompletionFunctions.name: "Must
+# be a-z, A-Z, 0-9, or contain underscores and dashes, with a maximum length of 64"), and the
+# 400 it answers otherwise (portkey.ai/error-library/input-validation-error-10046: "… does not
+# match ^[a-zA-Z0-9_-]{1,64}$"). DeepSeek and most compatible servers check the same pattern.
+_TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+def _openai_tool_check(body: dict[str, Any]) -> Reply | None:
+    for i, tool in enumerate(body.get("tools") or []):
+        name = tool["function"]["name"]
+        if not _TOOL_NAME.match(name):
+            return Reply(
+                status=400,
+                error=f"Invalid 'tools[{i}].function.name': string does not match pattern."
+                " Expected a string that matches the pattern '^[a-zA-Z0-9_-]+$'.",
+            )
+    return None
+
+
+@pytest.mark.parametrize("name", ["查天气", "weather.today", "get weather", "", "w" * 65])
+async def test_a_tool_name_the_provider_refuses_is_refused_at_registration_and_turns_still_answer(
+    llm: ScriptedLLM, own_tools: None, name: str
+) -> None:
+    # Before: @api.tool("查天气", …) was taken; from then on every request of every session
+    # offered it, the provider refused each with a 400, and the bot answered nothing but its
+    # error reply, in every group.
+    llm.on_request(_openai_tool_check)
+    with pytest.raises(api.BadToolName) as bad:
+        api.tool(name, "查询天气", {"type": "object", "properties": {}})
+    assert repr(name) in str(bad.value)
+    assert "a-z" in str(bad.value)
+    assert isinstance(bad.value, ValueError)
+    session = await api.internal_session(f"w:bad-tool-{len(name)}")
+    await api.record(session, api.Message(role="user", content="[甲(1)] 在吗？"))
+    llm.push(Reply("在的。"))
+    assert await api.run_turn(session.id) == "replied"
+    assert [t["function"]["name"] for t in llm.requests[-1]["tools"]] == ["todo_write", "recall"]
+
+
+async def test_tool_names_the_provider_accepts_are_taken(llm: ScriptedLLM, own_tools: None) -> None:
+    llm.on_request(_openai_tool_check)
+    for name in ("get_weather", "weather-2", "W" * 64):
+        api.tool(name, "查询天气", {"type": "object", "properties": {}})(lambda ctx, args: "晴")
+    session = await api.internal_session("w:good-tools")
+    await api.record(session, api.Message(role="user", content="[甲(1)] 在吗？"))
+    llm.push(Reply("在的。"))
+    assert await api.run_turn(session.id) == "replied"

@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from nonebot.log import logger
 
-from nonebot_plugin_memsum.errors import ToolNameTaken
+from nonebot_plugin_memsum.errors import BadToolName, ToolNameTaken
 from nonebot_plugin_memsum.store import Store
 
 TODO_NAMESPACE = "todo"
 TODO_STATUSES = ("pending", "in_progress", "done")
+TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+"""The names OpenAI's API takes (`function.name`); compatible servers check the same."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +69,10 @@ class ToolRegistry:
         builtin: bool = False,
     ) -> Callable[[ToolFn], ToolFn]:
         """Decorator: `@registry.tool("weather", "…", {"type": "object", …})`. A name already
-        registered raises ToolNameTaken unless `replace` (`builtin`: the plugin's own tools)."""
+        registered raises ToolNameTaken unless `replace` (`builtin`: the plugin's own tools);
+        one the model APIs refuse (TOOL_NAME) raises BadToolName at once."""
+        if not TOOL_NAME.fullmatch(name):
+            raise BadToolName(name)
 
         def register(fn: ToolFn) -> ToolFn:
             if name in self._tools and not replace:
