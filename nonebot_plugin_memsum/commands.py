@@ -32,9 +32,11 @@ from nonebot.typing import T_State
 
 from . import clock, onebot, runtime, usage
 from .agent import recall
+from .agent.prompt import cut_text
 from .agent.turn import Entry
 from .compression.service import STORE_FAILED, CompressionError, CompressionResult, SessionStatus
 from .config import PERSONA_MAX, Config, Mode
+from .llm.tokens import estimate_text_tokens
 from .lru import LRU
 from .onebot.fastpath import Claim
 from .permission import SUPERUSER, SUPERUSER_OR_GROUP_ADMIN
@@ -298,6 +300,14 @@ async def _persona(call: _Call) -> str:
         done = f"已设置{where}人设（{len(text)} 字），从下一次回答起生效。"
     resolved = await rt.settings.of_place("persona", call.record)
     shown = f"{where}人设（{resolved.layer_label}）：\n{resolved.value}"
+    if over := runtime.persona_overflow(rt, str(resolved.value)):
+        # Set under a model with a larger window: the turns send only its head (Agent.fit_persona).
+        tokens, budget, model_id = over
+        kept = len(cut_text(str(resolved.value), budget // 2, estimate_text_tokens))
+        shown += (
+            f"\n（注意：这段人设约 {tokens} token，超过了当前模型 {model_id} 每次请求可用的一半"
+            f"（{budget} token），回答时只带上前 {kept} 字。请写短一些。）"
+        )
     if not done:
         return shown
     logger.info(f"memsum: {call.event.user_id} changed the persona of {scope} {key}")

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from nonebot_plugin_memsum import api, runtime
+from nonebot_plugin_memsum.agent.prompt import cut_text
 from nonebot_plugin_memsum.agent.tools import ToolContext
 from nonebot_plugin_memsum.config import ModelConfig
 from nonebot_plugin_memsum.llm.tokens import estimate_text_tokens
@@ -361,3 +362,31 @@ async def test_tool_names_the_provider_accepts_are_taken(llm: ScriptedLLM, own_t
     await api.record(session, api.Message(role="user", content="[甲(1)] 在吗？"))
     llm.push(Reply("在的。"))
     assert await api.run_turn(session.id) == "replied"
+
+
+async def test_the_persona_command_says_when_the_model_now_takes_only_the_head_of_it(
+    app: Any, own_model: OwnModel
+) -> None:
+    # Before: /人设 showed the whole persona as in force; the owner, who reads QQ rather than
+    # the log, had no way to learn that the new model gets only its beginning.
+    from tests.fakes.nonebug import group_msg, new_group, run
+
+    group = new_group()
+    own_model(32000)
+    done = f"已设置本群人设（{len(LONG_PERSONA)} 字），从下一次回答起生效。\n现在：本群人设（本群）：\n"
+    await run(app, group_msg(f"/人设 {LONG_PERSONA}", group), done + LONG_PERSONA)
+    await run(app, group_msg("/人设", group), "本群人设（本群）：\n" + LONG_PERSONA)
+    own_model(SMALL_WINDOW)
+    tokens = estimate_text_tokens(LONG_PERSONA)
+    kept = len(cut_text(LONG_PERSONA, SMALL_BUDGET // 2, estimate_text_tokens))
+    assert 0 < kept < len(LONG_PERSONA)
+    note = (
+        f"（注意：这段人设约 {tokens} token，超过了当前模型 w/window-1800 每次请求可用的一半"
+        f"（{SMALL_BUDGET} token），回答时只带上前 {kept} 字。请写短一些。）"
+    )
+    await run(app, group_msg("/人设", group), f"本群人设（本群）：\n{LONG_PERSONA}\n{note}")
+    # What the note says is what a turn sends.
+    record = group_record("10000", group)
+    await api.record(record, api.Message(role="user", content="[甲(1)] 在吗？"))
+    assert await api.run_turn(record.id) == "replied"
+    assert own_model.llm.requests[-1]["messages"][0]["content"] == LONG_PERSONA[:kept]
