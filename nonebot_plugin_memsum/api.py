@@ -155,8 +155,9 @@ async def _existing(session_id: str) -> SessionRecord:
     return found
 
 
-def contribute(anchor: str, fn: Callable[[str], Awaitable[str | None]]) -> None:
-    """Add a system part to every prompt under `anchor` (`context` is the last, before history)."""
+def contribute(anchor: str, fn: Callable[[str], Awaitable[str | None] | str | None]) -> None:
+    """Add a system part to every prompt under `anchor` (`context` is the last, before history):
+    `fn(session_id)`, a coroutine function or a plain one, returns its text (None or "": none)."""
     runtime.get().agent.contribute(anchor, fn)
 
 

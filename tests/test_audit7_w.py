@@ -390,3 +390,38 @@ async def test_the_persona_command_says_when_the_model_now_takes_only_the_head_o
     await api.record(record, api.Message(role="user", content="[甲(1)] 在吗？"))
     assert await api.run_turn(record.id) == "replied"
     assert own_model.llm.requests[-1]["messages"][0]["content"] == LONG_PERSONA[:kept]
+
+
+# ---- api.contribute with a plain function ----------------------------------------------------------
+@pytest.fixture
+def own_contributions() -> Iterator[None]:
+    agent = runtime.get().agent
+    before = {anchor: list(fns) for anchor, fns in agent._contributions.items()}  # pyright: ignore[reportPrivateUsage]
+    try:
+        yield
+    finally:
+        agent._contributions.clear()  # pyright: ignore[reportPrivateUsage]
+        agent._contributions.update(before)  # pyright: ignore[reportPrivateUsage]
+
+
+async def test_a_plain_function_contributes_as_an_async_one_does(
+    llm: ScriptedLLM, own_contributions: None
+) -> None:
+    # Before: the README's own example, api.contribute("weather", lambda sid: fetch_weather_text()),
+    # with a plain function (as api.tool and api.subscribe take them) logged a TypeError with
+    # its traceback at every turn and the part never reached the model.
+    api.contribute("w_weather", lambda sid: f"天气：晴（{sid}）")
+    api.contribute("w_nothing", lambda sid: None)
+
+    async def later(sid: str) -> str:
+        return "节日：冬至"
+
+    api.contribute("w_weather", later)
+    session = await api.internal_session("w:contribute-sync")
+    await api.record(session, api.Message(role="user", content="[甲(1)] 今天适合出门吗？"))
+    llm.push(Reply("适合。"))
+    assert await api.run_turn(session.id) == "replied"
+    system = [m["content"] for m in llm.requests[-1]["messages"] if m["role"] == "system"]
+    assert system[1:3] == ["天气：晴（w:contribute-sync）", "节日：冬至"]
+    prompt = await api.build_prompt(session.id)
+    assert [m["content"] for m in prompt.messages[1:3]] == system[1:3]

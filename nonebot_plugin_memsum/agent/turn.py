@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import math
 import re
 import time
@@ -36,7 +37,7 @@ from .tools import ToolContext, ToolRegistry
 from .wire import wire_forms
 
 ReplyFn = Callable[[str], Awaitable[None]]
-Contribution = Callable[[str], Awaitable[str | None]]
+Contribution = Callable[[str], Awaitable[str | None] | str | None]
 MakeRoom = Callable[[str, "Entry", Prompt, "int | None"], Awaitable[bool]]
 """Called from inside a turn whose prompt would be hard-trimmed, with the stored id of the
 turn's earliest unanswered question (`Agent.first_question`); True when it compressed."""
@@ -198,7 +199,9 @@ class Agent:
         parts = [persona]
         for anchor, fn in contribution_order(self._contributions, self._summary):
             try:
-                text = await fn(session_id)
+                text = fn(session_id)
+                if inspect.isawaitable(text):  # a plain function contributes too, as a tool may be one
+                    text = await text
             except Exception:
                 logger.exception(f"memsum: contribution to {anchor!r} failed")
                 continue
