@@ -38,6 +38,7 @@ from nonebot_plugin_memsum.errors import (
     SessionNotFound,
     StoreError,
     ToolNameTaken,
+    TurnInProgress,
 )
 from nonebot_plugin_memsum.store import SearchHit, SearchQuery
 from nonebot_plugin_memsum.types import Message, SessionRecord, ToolCall
@@ -61,6 +62,7 @@ __all__ = [
     "ToolCall",
     "ToolNameTaken",
     "TurnEnded",
+    "TurnInProgress",
     "TurnStarted",
     "UsageEvent",
     "build_prompt",
@@ -136,7 +138,8 @@ async def run_turn(session_id: str, reply: ReplyFn | None = None, entry: Entry =
     message or notice stored since the last turn read the history (record one first to make
     the bot speak). Judged once the session's turn is this call's: two calls at once after
     one message get one answer ("replied", then "silent"). Raises SessionNotFound for a
-    session that does not exist."""
+    session that does not exist, and TurnInProgress when called from inside that session's
+    own turn (a tool or a contribution: the turn in progress answers what is new)."""
     await _existing(session_id)
     return await runtime.get().agent.run_turn(session_id, reply, entry, only_new=True)
 

@@ -4,6 +4,7 @@
     ├── ConfigError               a `.env` value is out of range or of the wrong shape
     ├── NotStarted                the plugin is used before NoneBot started it (also a RuntimeError)
     ├── SessionNotFound           `api` was given a session id that was never created (also a LookupError)
+    ├── TurnInProgress            `api.run_turn` called inside that session's own turn (also a RuntimeError)
     ├── ToolNameTaken             `api.tool` was given a name already offered to the model (also a ValueError)
     ├── BadToolName               `api.tool` was given a name the model APIs refuse (also a ValueError)
     ├── StoreError                the SQLite file cannot be opened, read or written
@@ -51,6 +52,19 @@ class SessionNotFound(MemsumError, LookupError):
     def __init__(self, session_id: str) -> None:
         super().__init__(
             f"no session {session_id!r}: create it with api.internal_session or api.record first"
+        )
+        self.session_id = session_id
+
+
+class TurnInProgress(MemsumError, RuntimeError):
+    """`api.run_turn` called from inside the same session's turn (a tool, a contribution):
+    it would wait for its own turn to end, forever."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(
+            f"api.run_turn({session_id!r}) was called from inside that session's own turn (a tool"
+            " or a contribution): the turn in progress answers what is new; run another session's"
+            " turn, or this one after the turn"
         )
         self.session_id = session_id
 

@@ -425,3 +425,62 @@ async def test_a_plain_function_contributes_as_an_async_one_does(
     assert system[1:3] == ["天气：晴（w:contribute-sync）", "节日：冬至"]
     prompt = await api.build_prompt(session.id)
     assert [m["content"] for m in prompt.messages[1:3]] == system[1:3]
+
+
+# ---- api.run_turn from inside the session's own turn ------------------------------------------------
+async def test_run_turn_from_a_tool_of_the_same_session_raises_at_once_instead_of_hanging_it(
+    llm: ScriptedLLM, own_tools: None
+) -> None:
+    # Before: a tool (or a contribution) that called api.run_turn for its own session waited
+    # for the session's turn lock, which its own turn held: the turn never ended, and every
+    # later message of that session waited behind it for good.
+    errors: list[BaseException] = []
+
+    @api.tool("w_again", "再想一遍", {"type": "object", "properties": {}})
+    async def again(ctx: ToolContext, args: dict[str, Any]) -> str:
+        try:
+            return await api.run_turn(ctx.session_id)
+        except api.MemsumError as err:
+            errors.append(err)
+            raise
+
+    session = await api.internal_session("w:reentrant")
+    await api.record(session, api.Message(role="user", content="[甲(1)] 再想想？"))
+    call = {"id": "call-1", "name": "w_again", "arguments": "{}"}
+    llm.push(Reply("", tool_calls=[call]), Reply("想好了。"))
+    assert await asyncio.wait_for(api.run_turn(session.id), 10) == "replied"
+    assert len(errors) == 1
+    assert isinstance(errors[0], api.TurnInProgress)
+    assert isinstance(errors[0], RuntimeError)
+    assert "w:reentrant" in str(errors[0])
+    tool_result = next(m for m in await api.history(session.id) if m.role == "tool")
+    assert tool_result.content.startswith("错误：工具 w_again 执行失败：")
+    # The session is not stuck: the next question is answered.
+    await api.record(session, api.Message(role="user", content="[甲(1)] 好了吗？"))
+    llm.push(Reply("好了。"))
+    assert await asyncio.wait_for(api.run_turn(session.id), 10) == "replied"
+
+
+async def test_run_turn_from_a_tool_for_another_session_runs_that_turn(
+    llm: ScriptedLLM, own_tools: None
+) -> None:
+    helper = await api.internal_session("w:helper")
+
+    @api.tool("w_ask_helper", "问助手", {"type": "object", "properties": {}})
+    async def ask(ctx: ToolContext, args: dict[str, Any]) -> str:
+        answers: list[str] = []
+
+        async def keep(text: str) -> None:
+            answers.append(text)
+
+        await api.record(helper, api.Message(role="user", content="[系统(0)] 查一下库存"))
+        await api.run_turn(helper.id, keep)
+        return "".join(answers)
+
+    session = await api.internal_session("w:asker")
+    await api.record(session, api.Message(role="user", content="[甲(1)] 还有货吗？"))
+    call = {"id": "call-1", "name": "w_ask_helper", "arguments": "{}"}
+    llm.push(Reply("", tool_calls=[call]), Reply("库存 3 件"), Reply("还有 3 件。"))
+    assert await asyncio.wait_for(api.run_turn(session.id), 10) == "replied"
+    tool_result = next(m for m in await api.history(session.id) if m.role == "tool")
+    assert tool_result.content == "库存 3 件"

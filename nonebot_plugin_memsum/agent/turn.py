@@ -23,7 +23,7 @@ from nonebot.log import logger
 from nonebot_plugin_memsum import clock
 from nonebot_plugin_memsum.compression.budget import compression_line
 from nonebot_plugin_memsum.config import Config, ModelConfig
-from nonebot_plugin_memsum.errors import NoChatModel, StoreError
+from nonebot_plugin_memsum.errors import NoChatModel, StoreError, TurnInProgress
 from nonebot_plugin_memsum.llm import LLMClient, LLMError, LLMLengthLimit, Registry
 from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_text_tokens
 from nonebot_plugin_memsum.lru import LRU, KeyedLocks
@@ -311,6 +311,8 @@ class Agent:
         `only_new`: "silent" without a model call or turn events when, once the turn is this
         caller's, no user message or notice came in since the last turn read the history (a
         turn that ran while this one waited may have answered it: api.run_turn)."""
+        if self.is_turn_task(session_id):
+            raise TurnInProgress(session_id)  # the lock is this very task's: it would wait forever
         turn_id = uuid.uuid4().hex
         async with self.turn_lock(session_id):
             if only_new and not await self._has_new(session_id):
