@@ -175,7 +175,8 @@ def tool(
 
 
 def subscribe(event_type: type[E], handler: Callable[[E], Awaitable[None] | None]) -> Callable[[], None]:
-    """Listen to TurnStarted, TurnEnded, UsageEvent or CompressionProgress; returns an unsubscribe."""
+    """Listen to TurnStarted, TurnEnded, UsageEvent or CompressionProgress; returns an
+    unsubscribe (calling it again does nothing)."""
     bus: EventBus = runtime.get().bus
     return bus.subscribe(event_type, handler)
 

@@ -484,3 +484,22 @@ async def test_run_turn_from_a_tool_for_another_session_runs_that_turn(
     assert await asyncio.wait_for(api.run_turn(session.id), 10) == "replied"
     tool_result = next(m for m in await api.history(session.id) if m.role == "tool")
     assert tool_result.content == "库存 3 件"
+
+
+# ---- api.subscribe's unsubscribe, called twice -------------------------------------------------------
+async def test_unsubscribing_twice_is_harmless_and_leaves_other_handlers_alone(llm: ScriptedLLM) -> None:
+    # Before: the second call raised `ValueError: list.remove(x): x not in list` (a plugin
+    # that unsubscribes in its shutdown and in a `finally` crashed there).
+    seen: list[str] = []
+    first = api.subscribe(api.TurnEnded, lambda e: seen.append(f"first {e.outcome}"))
+    api_unsubscribe = api.subscribe(api.TurnEnded, lambda e: seen.append(f"second {e.outcome}"))
+    first()
+    first()
+    session = await api.internal_session("w:unsubscribe")
+    await api.record(session, api.Message(role="user", content="[甲(1)] 在吗？"))
+    llm.push(Reply("在。"))
+    try:
+        assert await api.run_turn(session.id) == "replied"
+    finally:
+        api_unsubscribe()
+    assert seen == ["second replied"]

@@ -80,9 +80,17 @@ class EventBus:
         self._handlers: defaultdict[type, list[Callable[[Any], Any]]] = defaultdict(list)
 
     def subscribe(self, event_type: type[E], handler: Handler[E]) -> Callable[[], None]:
-        """Add a handler; returns a function that removes it again."""
+        """Add a handler; returns a function that removes it again (once: calling it again
+        does nothing)."""
         self._handlers[event_type].append(handler)
-        return lambda: self._handlers[event_type].remove(handler)
+        subscribed = [True]
+
+        def unsubscribe() -> None:
+            if subscribed[0]:
+                subscribed[0] = False
+                self._handlers[event_type].remove(handler)
+
+        return unsubscribe
 
     async def emit(self, event: object) -> None:
         for handler in list(self._handlers[type(event)]):
