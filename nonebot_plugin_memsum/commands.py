@@ -290,12 +290,8 @@ async def _persona(call: _Call) -> str:
             validate("persona", text)
         except ValueError as err:
             return f"没有修改：{err}。"
-        if over := runtime.persona_overflow(rt, text):
-            tokens, budget, _ = over
-            return (
-                f"没有修改：这段人设约 {tokens} token，超过了模型每次请求可用的一半（{budget} token），"
-                "每次回答都要带上它，聊天记录就放不下了。请写短一些。"
-            )
+        if refusal := runtime.persona_refusal(rt, text):
+            return f"没有修改：{refusal}。"
         await rt.settings.set("persona", scope, key, text)
         done = f"已设置{where}人设（{len(text)} 字），从下一次回答起生效。"
     resolved = await rt.settings.of_place("persona", call.record)

@@ -98,6 +98,18 @@ def persona_overflow(rt: Runtime, persona: str) -> tuple[int, int, str] | None:
     return (tokens, budget, model.id) if tokens > budget // 2 else None
 
 
+def persona_refusal(rt: Runtime, persona: str) -> str | None:
+    """Why /人设 and the web page refuse `persona` (`persona_overflow`), in Chinese; None
+    when it fits."""
+    if over := persona_overflow(rt, persona):
+        tokens, budget, _ = over
+        return (
+            f"这段人设约 {tokens} token，超过了模型每次请求可用的一半（{budget} token），"
+            "每次回答都要带上它，聊天记录就放不下了。请写短一些"
+        )
+    return None
+
+
 def check_personas(rt: Runtime) -> None:
     """Refuse a persona of `.env` (MEMSUM_PERSONA, a tier's) the chat model cannot carry
     (`persona_overflow`); /人设 refuses one the same way."""

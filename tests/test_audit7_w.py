@@ -503,3 +503,35 @@ async def test_unsubscribing_twice_is_harmless_and_leaves_other_handlers_alone(l
     finally:
         api_unsubscribe()
     assert seen == ["second replied"]
+
+
+# ---- the web page's persona against the chat model's window ------------------------------------------
+async def test_the_web_page_refuses_a_persona_the_chat_model_cannot_carry_as_the_command_does(
+    tmp_path: Any,
+) -> None:
+    # Before: /人设 refused a persona over half of what a request may carry, while the web
+    # page's settings form stored it; every turn of the group then carried it.
+    import httpx
+
+    from tests.fakes.web import GROUP, TOKEN, web_env
+
+    async with web_env(tmp_path) as env:
+        small = env.llm.model_config("test/chat", model="chat", context_window=SMALL_WINDOW, priority=1)
+        summary = env.llm.model_config("test/summary", model="summary", context_window=8000)
+        env.rt.registry.set_models([ModelConfig(**small), ModelConfig(**summary)])
+        async with httpx.AsyncClient(base_url=env.base + "/") as owner:
+            login = await owner.post("api/login", json={"token": TOKEN})
+            owner.headers["X-Memsum-CSRF"] = login.json()["csrf"]
+            path = f"api/sessions/{GROUP.id.replace(':', '%3A')}/settings"
+            body = {"name": "persona", "scope": "place", "value": LONG_PERSONA}
+            resp = await owner.post(path, json=body)
+            tokens = estimate_text_tokens(LONG_PERSONA)
+            assert resp.status_code == 400
+            assert resp.json()["detail"] == (
+                f"这段人设约 {tokens} token，超过了模型每次请求可用的一半（{SMALL_BUDGET} token），"
+                "每次回答都要带上它，聊天记录就放不下了。请写短一些"
+            )
+            assert "persona" not in await env.rt.store.get_settings("place", "onebot:group:123456")
+            resp = await owner.post(path, json={**body, "value": "你是猫娘。"})
+            assert resp.status_code == 200
+            assert resp.json()["value"] == "你是猫娘。"

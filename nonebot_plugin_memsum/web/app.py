@@ -31,7 +31,7 @@ from nonebot_plugin_memsum.compression.service import BACKOFF_NAMESPACE, USAGE_N
 from nonebot_plugin_memsum.compression.trigger import Backoff
 from nonebot_plugin_memsum.config import ModelConfig
 from nonebot_plugin_memsum.lru import LRU
-from nonebot_plugin_memsum.runtime import Runtime
+from nonebot_plugin_memsum.runtime import Runtime, persona_refusal
 from nonebot_plugin_memsum.settings import MODE_WORDS, SETTING_NAMES
 from nonebot_plugin_memsum.store import SearchQuery
 from nonebot_plugin_memsum.types import DailyUsage, SessionRecord
@@ -325,6 +325,8 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
             value = views.setting_input(body.name, body.value)
             if value is None:
                 raise HTTPException(400, "请填写数字")
+            if name == "persona" and (refusal := persona_refusal(rt, str(value).strip())):
+                raise HTTPException(400, refusal)  # as /人设 refuses it
             try:
                 await rt.settings.set(name, body.scope, key, value)
             except ValueError as err:
