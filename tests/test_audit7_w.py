@@ -310,7 +310,6 @@ async def test_a_persona_too_big_after_the_model_changes_at_run_time_is_cut_and_
     assert len(naming) == 1, warnings
     assert prompt.messages[0]["content"] == own_model.llm.requests[-1]["messages"][0]["content"]
     assert estimate_text_tokens(prompt.messages[0]["content"]) <= SMALL_BUDGET // 2
-    assert not prompt.trimmed
     assert _request_tokens(own_model.llm.requests[-1]) + 1024 <= SMALL_WINDOW
     assert own_model.llm.requests[-1]["messages"][-1]["content"] == "[甲(1)] 那明天呢？"
 
@@ -351,7 +350,9 @@ async def test_a_tool_name_the_provider_refuses_is_refused_at_registration_and_t
     await api.record(session, api.Message(role="user", content="[甲(1)] 在吗？"))
     llm.push(Reply("在的。"))
     assert await api.run_turn(session.id) == "replied"
-    assert [t["function"]["name"] for t in llm.requests[-1]["tools"]] == ["todo_write", "recall"]
+    offered = [t["function"]["name"] for t in llm.requests[-1]["tools"]]
+    assert name not in offered
+    assert {"todo_write", "recall"} <= set(offered)
 
 
 async def test_tool_names_the_provider_accepts_are_taken(llm: ScriptedLLM, own_tools: None) -> None:
@@ -422,9 +423,10 @@ async def test_a_plain_function_contributes_as_an_async_one_does(
     llm.push(Reply("适合。"))
     assert await api.run_turn(session.id) == "replied"
     system = [m["content"] for m in llm.requests[-1]["messages"] if m["role"] == "system"]
-    assert system[1:3] == ["天气：晴（w:contribute-sync）", "节日：冬至"]
+    ours = [text for text in system if text.startswith(("天气：", "节日："))]
+    assert ours == ["天气：晴（w:contribute-sync）", "节日：冬至"]  # other plugins' parts may come first
     prompt = await api.build_prompt(session.id)
-    assert [m["content"] for m in prompt.messages[1:3]] == system[1:3]
+    assert [m["content"] for m in prompt.messages if m["content"] in ours] == ours
 
 
 # ---- api.run_turn from inside the session's own turn ------------------------------------------------
