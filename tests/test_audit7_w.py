@@ -160,6 +160,10 @@ async def test_a_tool_name_two_plugins_use_is_refused_and_replace_true_replaces_
     assert [t["name"] for t in offered].count("recall") == 1
     tool_result = next(m for m in await api.history(session.id) if m.role == "tool")
     assert tool_result.content == "别的插件的结果"
+    # A third plugin after it is told the name is another plugin's now, not a built-in one.
+    with pytest.raises(api.ToolNameTaken) as again:
+        api.tool("recall", "第三个插件", {"type": "object", "properties": {}})(my_recall)
+    assert "registered by another plugin" in str(again.value)
 
 
 # ---- commands that take no argument ------------------------------------------------------------------

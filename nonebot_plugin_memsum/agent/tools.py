@@ -80,6 +80,8 @@ class ToolRegistry:
             self._tools[name] = Tool(name, description, parameters, fn)
             if builtin:
                 self._builtin.add(name)
+            else:  # a built-in name replaced on purpose is another plugin's tool from now on
+                self._builtin.discard(name)
             return fn
 
         return register
