@@ -27,7 +27,7 @@ from nonebot_plugin_memsum.agent.events import (
     UsageEvent,
 )
 from nonebot_plugin_memsum.agent.prompt import Prompt
-from nonebot_plugin_memsum.agent.tools import ToolFn
+from nonebot_plugin_memsum.agent.tools import ToolContext, ToolFn
 from nonebot_plugin_memsum.agent.turn import Entry, ReplyFn
 from nonebot_plugin_memsum.compression.service import CompressionResult, SessionStatus
 from nonebot_plugin_memsum.errors import (
@@ -60,6 +60,8 @@ __all__ = [
     "SessionStatus",
     "StoreError",
     "ToolCall",
+    "ToolContext",
+    "ToolFn",
     "ToolNameTaken",
     "TurnEnded",
     "TurnInProgress",
@@ -139,7 +141,12 @@ async def run_turn(session_id: str, reply: ReplyFn | None = None, entry: Entry =
     the bot speak). Judged once the session's turn is this call's: two calls at once after
     one message get one answer ("replied", then "silent"). Raises SessionNotFound for a
     session that does not exist, and TurnInProgress when called from inside that session's
-    own turn (a tool or a contribution: the turn in progress answers what is new)."""
+    own turn (a tool or a contribution: the turn in progress answers what is new).
+
+    The owner's controls of a QQ place (its mode 开 / 仅记录 / 关, `/限额`, the member
+    cooldown) are the OneBot layer's, applied before it calls this: a plugin that calls
+    `run_turn` itself decides whether to answer. Its calls are counted in the usage ledger
+    all the same (`/用量`)."""
     await _existing(session_id)
     return await runtime.get().agent.run_turn(session_id, reply, entry, only_new=True)
 

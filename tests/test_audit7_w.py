@@ -166,6 +166,26 @@ async def test_a_tool_name_two_plugins_use_is_refused_and_replace_true_replaces_
     assert "registered by another plugin" in str(again.value)
 
 
+async def test_a_plugin_tool_typed_with_the_api_alone_gets_its_calls_session(
+    llm: ScriptedLLM, own_tools: None
+) -> None:
+    # A plugin author writes a tool with what `api` exports (its context and function types),
+    # not the plugin's internal modules; the call says which session it serves.
+    seen: list[str] = []
+
+    def where(ctx: api.ToolContext, args: dict[str, Any]) -> str:
+        seen.append(ctx.session_id)
+        return "在这里"
+
+    fn: api.ToolFn = where
+    api.tool("w_where", "说出会话", {"type": "object", "properties": {}})(fn)
+    session = await api.internal_session("w:tool-context")
+    await api.record(session, api.Message(role="user", content="[甲(1)] 你在哪个会话？"))
+    llm.push(Reply("", tool_calls=[{"id": "c1", "name": "w_where", "arguments": "{}"}]), Reply("好"))
+    assert await api.run_turn(session.id) == "replied"
+    assert seen == ["w:tool-context"]
+
+
 # ---- commands that take no argument ------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("typed", "usage"),
