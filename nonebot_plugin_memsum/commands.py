@@ -179,8 +179,6 @@ def parse_setting(name: SettingName, word: str) -> float | int:
 
 # ---- the flows ----------------------------------------------------------------------
 async def _compress(call: _Call) -> str:
-    if call.args:  # `/压缩 取消` must not compress
-        return "用法：/压缩（不带参数）"
     try:
         result = await runtime.get().compression.compress(call.record.id)
     except CompressionError as err:
@@ -192,8 +190,6 @@ async def _compress(call: _Call) -> str:
 
 
 async def _summary(call: _Call) -> str:
-    if call.args:  # 「/摘要 今天」 would read as if the word meant something
-        return "用法：/摘要（不带参数）"
     rt = runtime.get()
     return status_text(await rt.compression.status(call.record.id), usage.zone_of(rt.config))
 
@@ -444,8 +440,6 @@ async def _recall(call: _Call) -> str:
 
 async def _help(call: _Call) -> str:
     """What the asker may use, here (as NoneBot's permission of each command decides it)."""
-    if call.args:
-        return "用法：/记忆帮助（不带参数）"
     bot = call.bot
     lines = [c.usage for c in COMMANDS if c.name and await c.permission(bot, call.event)]
     return "\n".join([*lines, *_HELP_NOTES])
@@ -483,17 +477,22 @@ async def _confirm(call: _Call) -> str:
 # ---- wiring -------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Command:
-    """One command: its name (None: a plain 「确认」), flow, who may use it, its help line."""
+    """One command: its name (None: a plain 「确认」), flow, who may use it, its help line;
+    `bare`: it takes no argument, and answers one with its usage line (`/压缩 取消` must not
+    compress, 「/摘要 今天」 would read as if the word meant something)."""
 
     name: str | None
     flow: Flow
     permission: Permission
     usage: str
+    bare: bool = False
 
 
 COMMANDS: tuple[Command, ...] = (
-    Command("压缩", _compress, SUPERUSER_OR_GROUP_ADMIN, "/压缩  立即压缩本会话"),
-    Command("摘要", _summary, SUPERUSER_OR_GROUP_ADMIN, "/摘要  查看摘要、保留原文、上次压缩和用量"),
+    Command("压缩", _compress, SUPERUSER_OR_GROUP_ADMIN, "/压缩  立即压缩本会话", bare=True),
+    Command(
+        "摘要", _summary, SUPERUSER_OR_GROUP_ADMIN, "/摘要  查看摘要、保留原文、上次压缩和用量", bare=True
+    ),
     Command(
         "清除",
         _clear,
@@ -543,7 +542,7 @@ COMMANDS: tuple[Command, ...] = (
         SUPERUSER,
         "/条数线 [群] [条数|默认]  查看或设置条数线（0 = 不按条数压缩；加「群」改整个群）",
     ),
-    Command("记忆帮助", _help, SUPERUSER_OR_GROUP_ADMIN, "/记忆帮助  列出你能用的命令"),
+    Command("记忆帮助", _help, SUPERUSER_OR_GROUP_ADMIN, "/记忆帮助  列出你能用的命令", bare=True),
     Command(None, _confirm, Permission(), "确认"),  # a plain 「确认」 answering /清除 上下文
 )
 _HELP_NOTES = (
@@ -602,7 +601,8 @@ async def _handle(
     await runtime.get().store.save_session(record)  # the place layer needs the record
     text = arg.extract_plain_text() if arg is not None and command.name else ""
     try:
-        answer = await command.flow(_Call(bot, event, record, await SUPERUSER(bot, event), text))
+        call = _Call(bot, event, record, await SUPERUSER(bot, event), text)
+        answer = f"用法：/{name}（不带参数）" if command.bare and call.args else await command.flow(call)
     except Exception:
         logger.exception(f"memsum: command {name} failed")
         answer = FAILED

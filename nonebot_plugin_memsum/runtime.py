@@ -93,9 +93,8 @@ def persona_overflow(rt: Runtime, persona: str) -> tuple[int, int, str] | None:
     model = rt.registry.resolve("chat")
     if model is None or not persona:
         return None
-    budget = rt.agent.trim_budget_of(model)
-    tokens = estimate_text_tokens(persona)
-    return (tokens, budget, model.id) if tokens > budget // 2 else None
+    over = rt.agent.persona_overflow(persona, model)
+    return None if over is None else (*over, model.id)
 
 
 def persona_refusal(rt: Runtime, persona: str) -> str | None:

@@ -270,23 +270,26 @@ def _cut_to_fit(m: Message, tokens: int, estimate: Callable[[Message], int]) -> 
     to 4), so the head is measured, shrinking in proportion until it fits; the stored
     message stays whole.
     """
-    keep = min(len(m.content), max(0, tokens))
-    while True:
-        cut = replace(m, content=m.content[:keep] + "…（消息过长，已截断）", id=None, tokens=None)
-        cost = estimate(cut)
-        if cost <= tokens or keep == 0:
-            return cut
-        keep = min(keep - 1, keep * tokens // cost)
+
+    def head(keep: int) -> Message:
+        return replace(m, content=m.content[:keep] + "…（消息过长，已截断）", id=None, tokens=None)
+
+    return head(_longest_head(len(m.content), tokens, lambda keep: estimate(head(keep))))
 
 
 def cut_text(text: str, tokens: int, estimate_text: Callable[[str], int]) -> str:
-    """The longest head of `text` that takes at most `tokens` (measured, shrinking in
-    proportion as `_cut_to_fit` does)."""
-    keep = min(len(text), max(0, tokens))
+    """The longest head of `text` that takes at most `tokens` (measured as `_cut_to_fit` does)."""
+    return text[: _longest_head(len(text), tokens, lambda keep: estimate_text(text[:keep]))]
+
+
+def _longest_head(length: int, tokens: int, cost_of: Callable[[int], int]) -> int:
+    """How many of `length` characters to keep so that `cost_of(kept)` ≤ `tokens` (0 at
+    worst), shrinking in proportion to the overshoot until it fits."""
+    keep = min(length, max(0, tokens))
     while True:
-        cost = estimate_text(text[:keep])
+        cost = cost_of(keep)
         if cost <= tokens or keep == 0:
-            return text[:keep]
+            return keep
         keep = min(keep - 1, keep * tokens // cost)
 
 

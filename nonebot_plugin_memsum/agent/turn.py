@@ -250,18 +250,25 @@ class Agent:
         cap = self.config.memsum_reply_max_tokens
         return min(max_output, cap) if max_output else cap
 
-    def fit_persona(self, persona: str, model: ModelConfig, where: str) -> str:
-        """The persona as sent to `model`. One that takes more than half of what a request of
-        it may carry (set with /人设 under a model with a larger window: only .env personas
-        are refused at start-up) is cut to that half, so the conversation keeps the other half
-        and the request fits the window; said once per place and model in the log."""
+    def persona_overflow(self, persona: str, model: ModelConfig) -> tuple[int, int] | None:
+        """(its tokens, `model`'s trim budget) when `persona` takes more than half of what a
+        request of `model` may carry: it goes with every request, so the conversation would
+        get less than it (or nothing, over the window). None when it fits."""
         budget = self.trim_budget_of(model)
+        tokens = estimate_text_tokens(persona)
+        return (tokens, budget) if tokens > budget // 2 else None
+
+    def fit_persona(self, persona: str, model: ModelConfig, where: str) -> str:
+        """The persona as sent to `model`. One over `persona_overflow` (set with /人设 under a
+        model with a larger window: only .env personas are refused at start-up) is cut to half
+        the budget, so the conversation keeps the other half and the request fits the window;
+        said once per place and model in the log."""
         key = (where, model.id, persona)
         if (fitted := self._fitted.get(key)) is not None:
             return fitted
-        tokens = estimate_text_tokens(persona)
-        if tokens <= budget // 2:
+        if (over := self.persona_overflow(persona, model)) is None:
             return persona
+        tokens, budget = over
         fitted = self._fitted[key] = cut_text(persona, budget // 2, estimate_text_tokens)
         logger.warning(
             f"memsum: the persona of {where} takes {tokens} tokens, more than half of the {budget}"
@@ -276,7 +283,7 @@ class Agent:
         """`fit_persona` for a session's persona, naming where it was set (the place, the
         session, or the `.env` key)."""
         persona = str(resolved.value)
-        if estimate_text_tokens(persona) <= self.trim_budget_of(model) // 2:
+        if self.persona_overflow(persona, model) is None:
             return persona  # every turn but those of a persona too big: no look-up
         where = "MEMSUM_PERSONA"
         if resolved.layer != "global":

@@ -23,16 +23,12 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import tiktoken
 from nonebot.log import logger
 from tiktoken_ext.openai_public import ENDOFPROMPT, ENDOFTEXT, FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX
 
-from nonebot_plugin_memsum.types import shown_content, tool_reasoning
-
-if TYPE_CHECKING:
-    from nonebot_plugin_memsum.types import Message
+from nonebot_plugin_memsum.types import Message, shown_content, tool_reasoning
 
 MESSAGE_OVERHEAD = 3
 """Tokens one chat message costs beyond its text: OpenAI's chat format wraps each

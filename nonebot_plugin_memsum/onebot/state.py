@@ -152,8 +152,10 @@ class Refusals:
     places: dict[str, float] = field(default_factory=dict)
     """Sessions with a message refused and not fetched again yet: when the first was refused
     (`clock.now()`); at most PLACES_KEPT, the first ones."""
-    refilling: Any = None
+    refilling: asyncio.Task[None] | None = None
     """The task fetching again what `places` lost, once the store stores (recovery.refill_all)."""
+    apologised: LRU[str, float] = field(default_factory=LRU)
+    """Per session, when it was last told that the bot cannot answer now (a monotonic time)."""
 
     def refused(self, now: float, session_id: str | None = None, at: float = 0.0) -> bool:
         """One more message refused (of `session_id`, said at `at`): whether to say so now
@@ -165,9 +167,6 @@ class Refusals:
             self.told = now
             return True
         return False
-
-    apologised: LRU[str, float] = field(default_factory=LRU)
-    """Per session, when it was last told that the bot cannot answer now (a monotonic time)."""
 
     def stored(self) -> int:
         """A message was stored: how many were refused before it; the count starts over."""

@@ -207,14 +207,18 @@ def documents(rows: Iterable[Sequence[Any]]) -> list[tuple[int, str, str, str]]:
 @dataclass(frozen=True, slots=True)
 class SearchHit:
     """One matching message, its relevance (higher is better, see `search_statement`) and its
-    neighbours; `withdrawn`: the ids among them withdrawn on the platform (only a query with
-    `withdrawn=True` returns any)."""
+    neighbours."""
 
     message: Message
     score: float
     before: tuple[Message, ...] = ()
     after: tuple[Message, ...] = ()
-    withdrawn: frozenset[int] = frozenset()
+
+    @property
+    def withdrawn(self) -> frozenset[int]:
+        """The ids among them withdrawn on the platform (only a query with `withdrawn=True`
+        returns any)."""
+        return frozenset(m.id or 0 for m in (*self.before, self.message, *self.after) if m.withdrawn)
 
 
 @dataclass(frozen=True, slots=True)

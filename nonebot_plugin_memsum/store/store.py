@@ -537,11 +537,8 @@ class Tx:
             query = dataclasses.replace(query, speaker_ids=await self._speaker_ids(query))
         hits: list[tuple[float, Message]] = []
         near: dict[tuple[int, int], list[Message]] = {}
-        withdrawn: set[int] = set()
         for row in await self._live().search(query, _MESSAGE_COLUMNS, context):
             hit_id, side, score, msg = row[0], row[1], row[2], _message_from_row(row[3:])
-            if msg.withdrawn:
-                withdrawn.add(msg.id or 0)
             if side == 0:
                 hits.append((float(score), msg))
             else:
@@ -552,13 +549,10 @@ class Tx:
             rows = sorted(near.get((hit_id, side), []), key=lambda m: m.id or 0)
             return tuple(rows[-context:] if side < 0 else rows[:context])
 
-        def hit(score: float, msg: Message) -> SearchHit:
-            before, after = closest(msg.id or 0, -1), closest(msg.id or 0, 1)
-            ids = {m.id or 0 for m in (*before, msg, *after)}
-            return SearchHit(msg, score, before, after, frozenset(ids & withdrawn))
-
         hits.sort(key=lambda h: (-h[0], -(h[1].id or 0)))
-        return [hit(score, msg) for score, msg in hits]
+        return [
+            SearchHit(msg, score, closest(msg.id or 0, -1), closest(msg.id or 0, 1)) for score, msg in hits
+        ]
 
     async def _speaker_ids(self, query: SearchQuery) -> tuple[str, ...]:
         """The QQ numbers of the session's members whose label held the speaker's name, in
