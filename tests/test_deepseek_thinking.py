@@ -43,9 +43,9 @@ DEEPSEEK_400 = "The `reasoning_content` in the thinking mode must be passed back
 THOUGHT = "用户想知道周六的安排，我先用 recall 查一下群里说过的话。"
 
 
-def deepseek(script: list[Reply]) -> Any:
+def deepseek(script: list[Reply], refusal: Reply | None = None) -> Any:
     """DeepSeek's thinking mode: a request whose tool-call message lacks its reasoning is
-    refused; otherwise the next scripted reply."""
+    refused (with DeepSeek's own 400, or `refusal`); otherwise the next scripted reply."""
     queue = list(script)
 
     def answer(body: dict[str, Any]) -> Reply | None:
@@ -53,10 +53,21 @@ def deepseek(script: list[Reply]) -> Any:
             return None
         for m in body["messages"]:
             if m["role"] == "assistant" and m.get("tool_calls") and "reasoning_content" not in m:
-                return Reply(status=400, error=DEEPSEEK_400)
+                return refusal or Reply(status=400, error=DEEPSEEK_400)
         return queue.pop(0)
 
     return answer
+
+
+def kept_without_reasoning(arguments: str) -> list[Message]:
+    """A question answered through a tool call stored without its reasoning, then a new one."""
+    return [
+        user("@小记(10000) 周六几点？"),
+        Message(role="assistant", content="", tool_calls=(ToolCall("old_1", "recall", arguments),)),
+        Message(role="tool", content="（没有找到）", tool_call_id="old_1"),
+        Message(role="assistant", content="没查到。"),
+        user("@小记(10000) 那周日呢？"),
+    ]
 
 
 def recall_call(cid: str = "call_0") -> dict[str, str]:
@@ -140,19 +151,7 @@ async def test_a_tool_call_kept_without_reasoning_gets_an_empty_one_after_deepse
     # the API refuses the history; asked again once with an empty reasoning on it, then
     # sent that way from the start for the life of the process.
     rt = await make_rt()
-    await fill(
-        rt,
-        GROUP,
-        [
-            user("@小记(10000) 周六几点？"),
-            Message(
-                role="assistant", content="", tool_calls=(ToolCall("old_1", "recall", '{"query":"周六"}'),)
-            ),
-            Message(role="tool", content="（没有找到）", tool_call_id="old_1"),
-            Message(role="assistant", content="没查到。"),
-            user("@小记(10000) 那周日呢？"),
-        ],
-    )
+    await fill(rt, GROUP, kept_without_reasoning('{"query":"周六"}'))
     llm.on_request(deepseek([Reply("周日休息。"), Reply("好的。")]))
     assert await rt.agent.run_turn(GROUP.id, Replies(), GROUP_ENTRY) == "replied"
     first, second = chat_requests(llm)
@@ -212,27 +211,8 @@ async def test_deepseeks_400_behind_openrouter_is_read_from_its_metadata(
     make_rt: MakeRuntime, llm: ScriptedLLM
 ) -> None:
     rt = await make_rt()
-    await fill(
-        rt,
-        GROUP,
-        [
-            user("@小记(10000) 周六几点？"),
-            Message(role="assistant", content="", tool_calls=(ToolCall("old_1", "recall", "{}"),)),
-            Message(role="tool", content="（没有找到）", tool_call_id="old_1"),
-            Message(role="assistant", content="没查到。"),
-            user("@小记(10000) 那周日呢？"),
-        ],
-    )
-    answers = [Reply("周日休息。")]
-
-    def openrouter(body: dict[str, Any]) -> Reply | None:
-        if not is_chat(body):
-            return None
-        for m in body["messages"]:
-            if m["role"] == "assistant" and m.get("tool_calls") and "reasoning_content" not in m:
-                return Reply(status=400, raw=OPENROUTER_400, headers={"Content-Type": "application/json"})
-        return answers.pop(0)
-
-    llm.on_request(openrouter)
+    await fill(rt, GROUP, kept_without_reasoning("{}"))
+    openrouter = Reply(status=400, raw=OPENROUTER_400, headers={"Content-Type": "application/json"})
+    llm.on_request(deepseek([Reply("周日休息。")], refusal=openrouter))
     assert await rt.agent.run_turn(GROUP.id, Replies(), GROUP_ENTRY) == "replied"
     assert len(chat_requests(llm)) == 2
