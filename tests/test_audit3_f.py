@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.fakes.botproc import BotProcess
-from tests.fakes.e2e import SELF_ID, connected, group_sid, query, until, wait_log
+from tests.fakes.e2e import SELF_ID, connected, group_sid, rows, until, wait_log, wait_rows
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.onebot import SEND_ACTIONS, OneBotSim, at, plain_text, reply, text
 
@@ -39,22 +39,6 @@ def is_chat(body: dict[str, Any]) -> bool:
 
 def env(llm: ScriptedLLM) -> dict[str, str]:
     return {"MEMSUM_MODELS": json.dumps([llm.model_config("test/model")]), "MEMSUM_PERSONA": PERSONA}
-
-
-async def rows(bot: BotProcess, sid: str) -> list[tuple[str, str]]:
-    sql = "SELECT role, content FROM messages WHERE session_id = ? ORDER BY id"
-    return [(str(r[0]), str(r[1])) for r in await query(bot.db_path, sql, sid)]
-
-
-async def wait_rows(bot: BotProcess, sid: str, n: int, within: float = 20) -> list[tuple[str, str]]:
-    found: list[tuple[str, str]] = []
-
-    async def enough() -> bool:
-        found[:] = await rows(bot, sid)
-        return len(found) >= n
-
-    await until(enough, f"{n} messages stored in {sid}", within)
-    return found
 
 
 async def bot_said(sim: OneBotSim, group: int) -> list[Any]:
@@ -401,12 +385,20 @@ async def test_a_quote_of_another_chat_shows_nothing_of_it_and_does_not_ask_the_
         await sim.connect()
         await wait_log(proc, f"Bot {SELF_ID} connected")
         await sim.private_message(10001, "我的银行卡密码是多少来着", nickname="群主")
-        await wait_rows(proc, f"onebot:{SELF_ID}:private:10001", 2)
-        private_answer = next(
-            m.message_id
-            for m in sim.messages.values()
-            if m.message_type == "private" and m.sender.get("user_id") == int(SELF_ID)
-        )
+        await wait_rows(proc, f"onebot:{SELF_ID}:private:10001", 2)  # stored before it is sent
+
+        def answers() -> list[int]:
+            return [
+                m.message_id
+                for m in sim.messages.values()
+                if m.message_type == "private" and m.sender.get("user_id") == int(SELF_ID)
+            ]
+
+        async def sent() -> bool:
+            return bool(answers())
+
+        await until(sent, "the private answer sent")
+        [private_answer] = answers()
         elsewhere = await sim.group_message(other, 20009, "别的群的秘密", nickname="戊")
         await wait_rows(proc, group_sid(other), 1)
         sent_before = len(sim.sent_texts())

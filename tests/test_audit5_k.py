@@ -29,7 +29,7 @@ from nonebug import App
 
 from nonebot_plugin_memsum.types import Message
 from tests.fakes.botproc import BotProcess
-from tests.fakes.e2e import SELF_ID, group_sid, private_sid, query, running_bot, until
+from tests.fakes.e2e import SELF_ID, group_sid, private_sid, query, rows, running_bot, until, wait_rows
 from tests.fakes.llm_server import API_KEY, Reply, ScriptedLLM
 from tests.fakes.onebot import FORWARD_ACTIONS, SEND_ACTIONS, OneBotSim, as_segments, at, plain_text, text
 
@@ -85,22 +85,6 @@ def llm(env: tuple[BotProcess, OneBotSim, ScriptedLLM]) -> ScriptedLLM:
 
 
 # ---- helpers --------------------------------------------------------------------------
-async def rows(bot: BotProcess, sid: str) -> list[tuple[str, str]]:
-    sql = "SELECT role, content FROM messages WHERE session_id = ? ORDER BY id"
-    return [(str(r[0]), str(r[1])) for r in await query(bot.db_path, sql, sid)]
-
-
-async def wait_rows(bot: BotProcess, sid: str, n: int) -> list[tuple[str, str]]:
-    found: list[tuple[str, str]] = []
-
-    async def enough() -> bool:
-        found[:] = await rows(bot, sid)
-        return len(found) >= n
-
-    await until(enough, f"{n} messages stored in {sid}")
-    return found
-
-
 async def next_send(sim: OneBotSim, after: int) -> list[dict[str, Any]]:
     """The segments of the bot's next message (a forward's nodes) from call index `after`."""
     call = await sim.wait_call(set(SEND_ACTIONS | FORWARD_ACTIONS), after=after, timeout=30)

@@ -22,7 +22,17 @@ from typing import Any
 import pytest
 
 from tests.fakes.botproc import BotProcess
-from tests.fakes.e2e import SELF_ID, connected, group_sid, private_sid, query, until, wait_log
+from tests.fakes.e2e import (
+    SELF_ID,
+    connected,
+    group_sid,
+    private_sid,
+    query,
+    rows,
+    until,
+    wait_log,
+    wait_rows,
+)
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.onebot import (
     FORWARD_ACTIONS,
@@ -46,22 +56,6 @@ def is_chat(body: dict[str, Any]) -> bool:
 
 def env(llm: ScriptedLLM) -> dict[str, str]:
     return {"MEMSUM_MODELS": json.dumps([llm.model_config("test/model")]), "MEMSUM_PERSONA": PERSONA}
-
-
-async def rows(bot: BotProcess, sid: str) -> list[tuple[str, str]]:
-    sql = "SELECT role, content FROM messages WHERE session_id = ? ORDER BY id"
-    return [(str(r[0]), str(r[1])) for r in await query(bot.db_path, sql, sid)]
-
-
-async def wait_rows(bot: BotProcess, sid: str, n: int, within: float = 20) -> list[tuple[str, str]]:
-    found: list[tuple[str, str]] = []
-
-    async def enough() -> bool:
-        found[:] = await rows(bot, sid)
-        return len(found) >= n
-
-    await until(enough, f"{n} messages stored in {sid}", within)
-    return found
 
 
 def sent_to(sim: OneBotSim, after: int = 0, **where: Any) -> list[str]:

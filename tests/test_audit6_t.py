@@ -37,7 +37,7 @@ from nonebot_plugin_memsum.llm.tokens import estimate_text_tokens
 from nonebot_plugin_memsum.store import SearchQuery, Store
 from nonebot_plugin_memsum.types import Message
 from tests.fakes.botproc import BotProcess
-from tests.fakes.e2e import SELF_ID, group_sid, private_sid, query, running_bot, until
+from tests.fakes.e2e import SELF_ID, group_sid, private_sid, query, running_bot, until, wait_rows
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.onebot import FORWARD_ACTIONS, SEND_ACTIONS, OneBotSim, as_segments, at, plain_text, text
 
@@ -81,18 +81,6 @@ def llm(env: tuple[BotProcess, OneBotSim, ScriptedLLM]) -> ScriptedLLM:
     model = env[2]
     model.reset()
     return model
-
-
-async def wait_rows(bot: BotProcess, sid: str, n: int) -> list[tuple[str, str]]:
-    found: list[tuple[str, str]] = []
-
-    async def enough() -> bool:
-        sql = "SELECT role, content FROM messages WHERE session_id = ? ORDER BY id"
-        found[:] = [(str(r[0]), str(r[1])) for r in await query(bot.db_path, sql, sid)]
-        return len(found) >= n
-
-    await until(enough, f"{n} messages stored in {sid}")
-    return found
 
 
 async def next_send(sim: OneBotSim, after: int) -> str:

@@ -40,7 +40,7 @@ from nonebot_plugin_memsum.llm.tokens import MESSAGE_OVERHEAD, estimate_msg_toke
 from nonebot_plugin_memsum.store import Store
 from nonebot_plugin_memsum.types import Message
 from tests.fakes.botproc import BotProcess
-from tests.fakes.e2e import SELF_ID, group_sid, private_sid, query, running_bot, until
+from tests.fakes.e2e import SELF_ID, group_sid, private_sid, query, running_bot, wait_rows
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.onebot import (
     FORWARD_ACTIONS,
@@ -84,18 +84,6 @@ async def env(
         }
         async with running_bot(tmp_path_factory.mktemp("audit7u"), settings) as (bot, sim):
             yield bot, sim, llm
-
-
-async def wait_rows(bot: BotProcess, sid: str, n: int) -> list[tuple[str, str]]:
-    found: list[tuple[str, str]] = []
-
-    async def enough() -> bool:
-        sql = "SELECT role, content FROM messages WHERE session_id = ? ORDER BY id"
-        found[:] = [(str(r[0]), str(r[1])) for r in await query(bot.db_path, sql, sid)]
-        return len(found) >= n
-
-    await until(enough, f"{n} messages stored in {sid}")
-    return found
 
 
 async def next_send(sim: OneBotSim, after: int) -> str:

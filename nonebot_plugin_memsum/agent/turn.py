@@ -43,6 +43,7 @@ MakeRoom = Callable[[str, "Entry", Prompt, "int | None"], Awaitable[bool]]
 turn's earliest unanswered question (`Agent.first_question`); True when it compressed."""
 SILENT_MARK = "[不回复]"
 SILENT_RECORD = "（助手本轮选择不回复）"
+WITHDRAWN_RECORD = "（提问已撤回，助手未回复）"
 # Models imitate the `[昵称(ID)] ` labels they see; the bot never labels itself.
 _ECHOED_LABEL = re.compile(r"^\s*\[[^\[\]\n]{0,64}\(\d+\)\]\s*")
 
@@ -312,12 +313,16 @@ class Agent:
         entry: Entry = Entry(),
         *,
         only_new: bool = False,
+        requested: bool = False,
     ) -> Outcome:
         """One turn now (waiting for the session's turn in progress, if any).
 
         `only_new`: "silent" without a model call or turn events when, once the turn is this
         caller's, no user message or notice came in since the last turn read the history (a
-        turn that ran while this one waited may have answered it: api.run_turn)."""
+        turn that ran while this one waited may have answered it: api.run_turn).
+        `requested`: the turn answers the messages stored as asking the bot (`request_turn`); when
+        its answer is ready and every one it read was withdrawn (撤回) meanwhile, the answer
+        is not sent (nor stored): the turn is "silent"."""
         if self.is_turn_task(session_id):
             raise TurnInProgress(session_id)  # the lock is this very task's: it would wait forever
         turn_id = uuid.uuid4().hex
@@ -330,7 +335,7 @@ class Agent:
             await self.bus.emit(TurnStarted(turn_id, session_id))
             outcome: Outcome = "error"
             try:
-                outcome = await self._turn(turn_id, session_id, reply, entry, stats)
+                outcome = await self._turn(turn_id, session_id, reply, entry, stats, requested)
             except asyncio.CancelledError:
                 outcome = "aborted"
                 raise
@@ -385,7 +390,9 @@ class Agent:
     async def _work(self, session_id: str, reply: ReplyFn, entry: Entry) -> None:
         try:
             while True:
-                await self.run_turn(session_id, reply, entry)
+                if await self._questions_withdrawn(session_id):
+                    return  # every message that asked was withdrawn (撤回) before its turn
+                await self.run_turn(session_id, reply, entry, requested=True)
                 worker = self._workers[session_id]
                 if not worker.pending or self.draining:
                     return
@@ -398,7 +405,13 @@ class Agent:
                 del self._workers[session_id]
 
     async def _turn(
-        self, turn_id: str, session_id: str, reply: ReplyFn | None, entry: Entry, stats: _TurnStats
+        self,
+        turn_id: str,
+        session_id: str,
+        reply: ReplyFn | None,
+        entry: Entry,
+        stats: _TurnStats,
+        requested: bool = False,
     ) -> Outcome:
         model = self.registry.resolve("chat")
         if model is None:
@@ -486,8 +499,10 @@ class Agent:
                     await self._run_tool(ctx, call)
                 continue
             text = _ECHOED_LABEL.sub("", result.content.strip())
-            if not text or text == SILENT_MARK:
-                marker = Message(role="system", content=SILENT_RECORD, event_marker=True, ts=clock.now())
+            withdrawn = requested and await self._questions_withdrawn(session_id, stats.read)
+            if not text or text == SILENT_MARK or withdrawn:
+                said = WITHDRAWN_RECORD if withdrawn else SILENT_RECORD
+                marker = Message(role="system", content=said, event_marker=True, ts=clock.now())
                 await self._append_answer(session_id, marker, stats.read, "sent")
                 return "silent"
             answer = Message(role="assistant", content=text, ts=clock.now())
@@ -498,6 +513,14 @@ class Agent:
                 self.store.mark_sent(session_id, stats.read)
             return "replied"
         raise RuntimeError("unreachable: the last round offers no tools")
+
+    async def _questions_withdrawn(self, session_id: str, upto: int | None = None) -> bool:
+        """`Store.questions_withdrawn`; False when the database cannot tell (an answer too
+        many is better than a question left unanswered)."""
+        try:
+            return await self.store.questions_withdrawn(session_id, upto)
+        except StoreError:
+            return False
 
     async def first_question(self, session_id: str, history: list[Message]) -> int | None:
         """The stored id of the earliest message this turn answers: the session's oldest

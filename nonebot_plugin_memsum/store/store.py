@@ -196,7 +196,7 @@ def _session_from_row(row: tuple[Any, ...]) -> SessionRecord:
 
 
 _NO_LIMIT = 2**62
-"""A LIMIT both engines read as none (PostgreSQL refuses SQLite's -1)."""
+"""A LIMIT (or an id bound) both engines read as none (PostgreSQL refuses SQLite's -1)."""
 
 
 def _sql_limit(limit: float) -> int:
@@ -375,15 +375,28 @@ class Tx:
 
     async def pending_questions(self, since: float, prefix: str = "") -> list[tuple[str, Message]]:
         """(session id, message) of the active messages that asked the bot, said from
-        `since` on, after the last answer of their session, in storage order."""
+        `since` on, after the last answer of their session, in storage order; a withdrawn
+        (撤回) one asks nothing any more."""
         rows = await self._fetch(
             f"SELECT m.session_id, {', '.join('m.' + c for c in _MESSAGE_COLUMNS.split(', '))}"
             " FROM messages AS m LEFT JOIN replies AS r ON r.session_id = m.session_id"
-            " WHERE m.addressed = 1 AND m.ts >= ? AND m.archived = 0 AND m.id > COALESCE(r.upto, 0)"
+            " WHERE m.addressed = 1 AND m.withdrawn = 0 AND m.ts >= ? AND m.archived = 0"
+            " AND m.id > COALESCE(r.upto, 0)"
             " AND substr(m.session_id, 1, ?) = ? ORDER BY m.id",
             (since, len(prefix), prefix),
         )
         return [(r[0], _message_from_row(r[1:])) for r in rows]
+
+    async def questions_withdrawn(self, session_id: str, upto: int | None = None) -> bool:
+        """Whether messages of the session (up to id `upto`) asked the bot after its last
+        answer, and every one of them was withdrawn (撤回) since."""
+        rows = await self._fetch(
+            "SELECT MIN(withdrawn) FROM messages WHERE session_id = ? AND archived IN (0, 1)"
+            " AND addressed = 1 AND id > COALESCE((SELECT upto FROM replies WHERE session_id = ?), 0)"
+            " AND id <= ?",  # `archived IN`: both ranges of messages_by_session
+            (session_id, session_id, _NO_LIMIT if upto is None else upto),
+        )
+        return bool(rows and rows[0][0])
 
     async def answered_upto(self, session_id: str) -> int:
         """The id of the last message the session's last turn read (0: no turn yet)."""
@@ -1115,6 +1128,10 @@ class Store:
     async def pending_questions(self, since: float, prefix: str = "") -> list[tuple[str, Message]]:
         async with self._statement() as tx:
             return await tx.pending_questions(since, prefix)
+
+    async def questions_withdrawn(self, session_id: str, upto: int | None = None) -> bool:
+        async with self._statement() as tx:
+            return await tx.questions_withdrawn(session_id, upto)
 
     async def answered_upto(self, session_id: str) -> int:
         async with self._statement() as tx:

@@ -99,3 +99,21 @@ async def query(db: Path | str, sql: str, *params: Any) -> list[tuple[Any, ...]]
 
         return await raw(db, sql, params)
     return await asyncio.to_thread(_query, db, sql, params)
+
+
+async def rows(bot: BotProcess, sid: str) -> list[tuple[str, str]]:
+    """(role, content) of every message the bot stored in the session, in storage order."""
+    sql = "SELECT role, content FROM messages WHERE session_id = ? ORDER BY id"
+    return [(str(r[0]), str(r[1])) for r in await query(bot.db_path, sql, sid)]
+
+
+async def wait_rows(bot: BotProcess, sid: str, n: int, within: float = 20) -> list[tuple[str, str]]:
+    """`rows` once the session holds at least `n` messages."""
+    found: list[tuple[str, str]] = []
+
+    async def enough() -> bool:
+        found[:] = await rows(bot, sid)
+        return len(found) >= n
+
+    await until(enough, f"{n} messages stored in {sid}", within)
+    return found
