@@ -137,14 +137,20 @@ def _user_message(summary: str, conversation: str, todos: str) -> str:
 # 21535) is longer than the maximum model length of 16384", xorbitsai/inference#3785), SGLang
 # and Together AI ("The input (9000 tokens) is longer than the model's context length (8192
 # tokens).", sglang tokenizer_manager.py) and Gemini's OpenAI endpoint ("The input token count
-# (3377151) exceeds the maximum number of tokens allowed (1048576).").
+# (3377151) exceeds the maximum number of tokens allowed (1048576)."). And: Zhipu GLM (code 1261,
+# "Prompt exceeds max length", zeroclaw-labs/zeroclaw#4124), xAI/Grok ("This model's maximum prompt
+# length is 131072 but the request contains 136973 tokens.", cline/cline#3120), SiliconFlow's newer
+# wording ("number of input tokens (204703) has exceeded max_prompt_tokens (202752) limit.",
+# leookun/cursor-byok#129) and Anthropic's, through its OpenAI-compatible endpoint ("input length
+# and `max_tokens` exceed context limit: 196395 + 64000 > 204698", RooCodeInc/Roo-Code#3713).
 _CONTEXT_TOO_LONG = re.compile(
     r"context_length_exceeded|maximum context length|context length exceeded|exceed_context_size"
     r"|exceeds the available context size|input length exceeds the context length"
     r"|range of input length|context window|too many tokens|input is too long|prompt is too long"
     r"|exceeded model token limit|model max length exceeded|must be less than (?:or equal to )?max_seq_len"
     r"|longer than the maximum model length|longer than the model's context length"
-    r"|exceeds the maximum number of tokens allowed",
+    r"|exceeds the maximum number of tokens allowed|prompt exceeds max length|maximum prompt length"
+    r"|exceeded max_prompt_tokens|exceed context limit",
     re.IGNORECASE,
 )
 

@@ -1,0 +1,190 @@
+"""Audit 8 (z): the providers the sixth audit did not replay.
+
+Zhipu GLM, Volcengine Ark (Doubao), MiniMax, Google Gemini's OpenAI-compatible endpoint, Azure
+OpenAI, xAI/Grok, Anthropic's OpenAI-compatible endpoint and SiliconFlow's newer wording, replayed
+byte for byte by the scripted server through the real client, the real SQLite store and the real
+compression service: what reaches the group (the answer; on failure the owner's
+MEMSUM_ERROR_REPLY and a log line with the provider's own reason), what is stored, whether each
+provider's "context too long" is known as one (R-RUN-9's retry under the literal rule), content
+filters, rate limits, and whether the configuration can reach the provider at all (Azure's
+`api-key` header and `api-version` query). Each fixture cites where its bytes come from.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nonebot_plugin_memsum import runtime
+from nonebot_plugin_memsum.agent.turn import Entry
+from nonebot_plugin_memsum.compression.request import is_context_too_long
+from nonebot_plugin_memsum.config import Config, ModelConfig
+from nonebot_plugin_memsum.llm.client import LLMClient
+from nonebot_plugin_memsum.llm.errors import LLMBadRequest
+from nonebot_plugin_memsum.runtime import Runtime
+from nonebot_plugin_memsum.types import Message, SessionRecord
+from tests.fakes.llm_server import Reply, ScriptedLLM
+from tests.fakes.service import GROUP as SERVICE_GROUP
+from tests.fakes.service import Make, seed
+from tests.test_compression_service_request import literal_fit
+
+GROUP = SessionRecord(
+    id="onebot:10000:group:8", platform="onebot", kind="group", place="group:8", room_class="room"
+)
+MESSAGES = [
+    {"role": "system", "content": "你是群聊里的 AI 助手。"},
+    {"role": "user", "content": "[小明(12345)] 今天晚上一起打游戏吗？"},
+]
+APOLOGY = "抱歉，我这边出了点问题，请稍后再试。"
+
+
+@pytest.fixture(autouse=True)
+def _fresh(llm: ScriptedLLM) -> None:
+    llm.reset()
+
+
+@pytest.fixture
+def model(llm: ScriptedLLM) -> ModelConfig:
+    return ModelConfig(**llm.model_config())
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[LLMClient]:
+    async def no_wait(_: float) -> None:
+        pass
+
+    client = LLMClient(timeout=5, sleep=no_wait)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def rt(tmp_path: Path, llm: ScriptedLLM) -> AsyncIterator[Runtime]:
+    config = Config(memsum_models=[ModelConfig(**llm.model_config())], memsum_persona="你是群助手小记。")
+    built = await runtime.build(config, tmp_path / "memsum.db", ["小记"], {"10001"})
+    try:
+        yield built
+    finally:
+        await runtime.close(built)
+
+
+async def ask_in_group(rt: Runtime, text: str) -> tuple[str, list[str]]:
+    await rt.agent.record(GROUP, Message(role="user", content=f"[小明(12345)] @小记 {text}", name="12345"))
+    sent: list[str] = []
+
+    async def reply(out: str) -> None:
+        sent.append(out)
+
+    outcome = await rt.agent.run_turn(GROUP.id, reply, Entry("onebot", "group"))
+    return outcome, sent
+
+
+def sse(*events: dict[str, Any] | str) -> bytes:
+    """An SSE body: dicts as `data:` JSON (compact, as these providers send it), strings as they are."""
+    out = []
+    for e in events:
+        line = (
+            e if isinstance(e, str) else f"data: {json.dumps(e, ensure_ascii=False, separators=(',', ':'))}"
+        )
+        out.append(f"{line}\n\n")
+    return "".join(out).encode()
+
+
+def glm_chunk(content: str | None = None, finish: str | None = None, **extra: Any) -> dict[str, Any]:
+    """One chunk of Zhipu's stream (docs.bigmodel.cn, 对话补全 "流式响应" example: id, created, model,
+    choices[0].delta with role and content, finish_reason only on the last, usage beside it)."""
+    d: dict[str, Any] = {"role": "assistant"}
+    if content is not None:
+        d["content"] = content
+    choice: dict[str, Any] = {"index": 0, "delta": {**d, **extra}}
+    if finish is not None:
+        choice["finish_reason"] = finish
+    return {"id": "2025082014350212345", "created": 1755671702, "model": "glm-4.5", "choices": [choice]}
+
+
+GLM_USAGE = {"prompt_tokens": 40, "completion_tokens": 12, "total_tokens": 52}
+
+
+# ---- context too long, in the words of more providers (R-RUN-9's retry) ---------------------------
+# Zhipu GLM: zeroclaw-labs/zeroclaw#4124 (HTTP 400, {"error":{"code":"1261","message":"Prompt exceeds
+# max length"}}, glm-4.5-air at open.bigmodel.cn), tashfeenahmed/freellmapi#873 (the same 400).
+# xAI/Grok: cline/cline#3120 (400 "This model's maximum prompt length is 131072 but the request
+# contains 136973 tokens."), in OpenAI's error shape.
+# SiliconFlow's newer wording: leookun/cursor-byok#129 (400, {"code":20015,"message":"number of input
+# tokens (204703) has exceeded max_prompt_tokens (202752) limit.","data":null}).
+# Anthropic's OpenAI-compatible endpoint passes its own validation message through (Anthropic docs
+# "OpenAI SDK compatibility": errors keep OpenAI's shape): "input length and `max_tokens` exceed
+# context limit: 196395 + 64000 > 204698, decrease input length or `max_tokens` and try again"
+# (RooCodeInc/Roo-Code#3713, stackblitz/bolt.new#8383).
+# MiniMax: earendil-works/pi#6061 ("invalid params, context window exceeds limit (2013)").
+# Gemini's OpenAI endpoint answers errors as a JSON array of one error (FuzzAnything/PromptFuzz#42,
+# SuzumiyaAkizuki/ComfyUI-NewBie-LLM-Formatter#3); its message as arkavo-org/arkavo-edge#371 quotes it.
+CONTEXT_ERRORS: dict[str, Any] = {
+    "zhipu-1261": {"error": {"code": "1261", "message": "Prompt exceeds max length"}},
+    "xai": {
+        "code": "Client specified an invalid argument",
+        "error": "This model's maximum prompt length is 6000 but the request contains 6817 tokens.",
+    },
+    "siliconflow-max-prompt-tokens": {
+        "code": 20015,
+        "message": "number of input tokens (6817) has exceeded max_prompt_tokens (6000) limit.",
+        "data": None,
+    },
+    "anthropic-openai-compat": {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": "input length and `max_tokens` exceed context limit: 5217 + 1600 > 6000, decrease"
+            " input length or `max_tokens` and try again",
+        },
+    },
+    "minimax-2013": {
+        "error": {
+            "message": "invalid params, context window exceeds limit (2013)",
+            "type": "bad_request_error",
+            "param": "",
+            "code": None,
+        }
+    },
+    "gemini-array": [
+        {
+            "error": {
+                "code": 400,
+                "message": "The input token count exceeds the maximum number of tokens allowed (6000).",
+                "status": "INVALID_ARGUMENT",
+            }
+        }
+    ],
+}
+
+
+@pytest.mark.parametrize("provider", sorted(CONTEXT_ERRORS))
+async def test_each_providers_context_error_is_known_as_one(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig, provider: str
+) -> None:
+    llm.push(Reply(status=400, raw=json.dumps(CONTEXT_ERRORS[provider], ensure_ascii=False)))
+    with pytest.raises(LLMBadRequest) as caught:
+        await client.chat(model, MESSAGES, purpose="摘要")
+    assert is_context_too_long(caught.value.status, str(caught.value))
+    assert len(llm.requests) == 1
+
+
+@pytest.mark.parametrize("provider", sorted(CONTEXT_ERRORS))
+async def test_r_run_9_each_providers_context_error_retries_under_the_literal_rule(
+    make: Make, provider: str
+) -> None:
+    window = 6000
+    env = await make(summary={"context_window": window})
+    await seed(env.rt, 80, size=80)
+    raw = json.dumps(CONTEXT_ERRORS[provider], ensure_ascii=False)
+    env.model.summary.append(Reply(status=400, raw=raw))
+    result = await env.rt.compression.compress(SERVICE_GROUP.id)
+    assert result.outcome == "done"
+    first, *rest = env.model.summary_requests()
+    assert not literal_fit(first, window)
+    assert rest
+    assert all(literal_fit(b, window) for b in rest)
