@@ -24,7 +24,7 @@ from nonebot_plugin_memsum.agent.turn import Entry
 from nonebot_plugin_memsum.compression.request import is_context_too_long
 from nonebot_plugin_memsum.config import Config, ModelConfig
 from nonebot_plugin_memsum.llm.client import LLMClient
-from nonebot_plugin_memsum.llm.errors import LLMBadRequest
+from nonebot_plugin_memsum.llm.errors import LLMBadRequest, LLMRateLimited, in_chinese
 from nonebot_plugin_memsum.runtime import Runtime
 from nonebot_plugin_memsum.types import Message, SessionRecord
 from tests.fakes.llm_server import Reply, ScriptedLLM
@@ -188,3 +188,54 @@ async def test_r_run_9_each_providers_context_error_retries_under_the_literal_ru
     assert not literal_fit(first, window)
     assert rest
     assert all(literal_fit(b, window) for b in rest)
+
+
+# ---- Gemini: an error body that is a JSON array ----------------------------------------------------
+# generativelanguage.googleapis.com/v1beta/openai answers `[{"error": {...}}]` (FuzzAnything/
+# PromptFuzz#42; MinLL/SkyrimNet-GamePlugin#77 shows the 400 of an unknown field). Its 429 as
+# google-gemini/gemini-cli reports quote it ("RESOURCE_EXHAUSTED").
+GEMINI_429 = [
+    {
+        "error": {
+            "code": 429,
+            "message": "You exceeded your current quota, please check your plan and billing details.",
+            "status": "RESOURCE_EXHAUSTED",
+        }
+    }
+]
+
+
+async def test_gemini_error_array_reads_as_its_message(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig
+) -> None:
+    # Before: the reason was the array's JSON, cut at 200 characters, in the log and in /压缩's answer.
+    llm.push(*[Reply(status=429, raw=json.dumps(GEMINI_429))] * 3)
+    with pytest.raises(LLMRateLimited) as caught:
+        await client.chat(model, MESSAGES, purpose="对话")
+    assert str(caught.value) == (
+        "test/model: HTTP 429: You exceeded your current quota, please check your plan and billing details."
+    )
+    assert "[{" not in in_chinese(caught.value)
+    assert len(llm.requests) == 3  # a 429 is retried
+
+
+async def test_gemini_unknown_field_array_is_a_refused_parameter(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig
+) -> None:
+    # The same array shape naming a field the endpoint does not know (its "Unknown name" wording,
+    # SuzumiyaAkizuki/ComfyUI-NewBie-LLM-Formatter#3): asked again without it.
+    refused = [
+        {
+            "error": {
+                "code": 400,
+                "message": "Invalid JSON payload received."
+                ' Unknown name "reasoning_effort": Cannot find field.',
+                "status": "INVALID_ARGUMENT",
+            }
+        }
+    ]
+    llm.push(Reply(status=400, raw=json.dumps(refused)), Reply("好的"))
+    result = await client.chat(model, MESSAGES, purpose="摘要", reasoning_effort="low")
+    assert result.content == "好的"
+    assert "reasoning_effort" in llm.requests[0]
+    assert "reasoning_effort" not in llm.requests[1]

@@ -481,6 +481,8 @@ def _error_text(body: bytes) -> str:
         data = json.loads(body)
     except ValueError:
         return body.decode("utf-8", "replace").strip()
+    if isinstance(data, list) and len(data) == 1:
+        data = data[0]  # Gemini's OpenAI endpoint: `[{"error": {...}}]`
     if isinstance(data, dict):
         error = data.get("error", data)
         if isinstance(error, dict) and isinstance(error.get("message"), str):
