@@ -22,6 +22,7 @@
         │   └── LLMBadRequest     other 4xx
         ├── LLMStreamCut          the reply stopped before its end
         ├── LLMLengthLimit        the reply was cut at the output limit (it carries the result)
+        ├── LLMContentFilter      the provider's content filter stopped the reply
         └── LLMBadResponse        an answer that is not a completion
 
 Callers branch on the class, never on the text: the messages are for people (Chinese

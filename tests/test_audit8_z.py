@@ -23,11 +23,14 @@ from nonebot_plugin_memsum import runtime
 from nonebot_plugin_memsum.agent.turn import Entry
 from nonebot_plugin_memsum.compression.request import is_context_too_long
 from nonebot_plugin_memsum.config import Config, ModelConfig
+from nonebot_plugin_memsum.errors import CompressionError
 from nonebot_plugin_memsum.llm.client import LLMClient
 from nonebot_plugin_memsum.llm.errors import LLMBadRequest, LLMRateLimited, in_chinese
 from nonebot_plugin_memsum.runtime import Runtime
+from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE
 from nonebot_plugin_memsum.types import Message, SessionRecord
 from tests.fakes.llm_server import Reply, ScriptedLLM
+from tests.fakes.logs import captured
 from tests.fakes.service import GROUP as SERVICE_GROUP
 from tests.fakes.service import Make, seed
 from tests.test_compression_service_request import literal_fit
@@ -239,3 +242,117 @@ async def test_gemini_unknown_field_array_is_a_refused_parameter(
     assert result.content == "好的"
     assert "reasoning_effort" in llm.requests[0]
     assert "reasoning_effort" not in llm.requests[1]
+
+
+# ---- a reply the provider stopped itself: content filters, inference errors -----------------------
+# Zhipu's finish reasons (docs.bigmodel.cn, 对话补全, choices.finish_reason): "stop", "length",
+# "tool_calls", "sensitive" (模型推理内容被安全审核接口拦截; 请用户自行判断并决定是否撤回已公开的内容)
+# and "network_error" (模型推理异常). A GLM stream that ends with network_error and no content:
+# NousResearch/hermes-agent#92161 ("terminate a chat-completions stream cleanly with finish_reason:
+# network_error and zero content").
+GLM_SENSITIVE = sse(
+    glm_chunk("关于这件事，"),
+    glm_chunk("我可以告诉你"),
+    glm_chunk("", finish="sensitive") | {"usage": GLM_USAGE},
+    "data: [DONE]",
+)
+GLM_NETWORK_ERROR = sse(glm_chunk("", finish="network_error") | {"usage": GLM_USAGE}, "data: [DONE]")
+# Azure OpenAI (learn.microsoft.com, "Content filtering", streaming: a first chunk with
+# `prompt_filter_results` and empty choices, `content_filter_results` on each chunk, and
+# finish_reason "content_filter" when the completion is filtered; the same reason at OpenAI).
+AZURE_FILTERED = sse(
+    {
+        "choices": [],
+        "created": 0,
+        "id": "",
+        "model": "",
+        "object": "",
+        "prompt_filter_results": [
+            {"prompt_index": 0, "content_filter_results": {"hate": {"filtered": False, "severity": "safe"}}}
+        ],
+    },
+    {
+        "choices": [
+            {
+                "content_filter_results": {},
+                "delta": {"content": "", "role": "assistant"},
+                "finish_reason": None,
+                "index": 0,
+            }
+        ],
+        "created": 1717000000,
+        "id": "chatcmpl-9Uaz",
+        "model": "gpt-4o-2024-05-13",
+        "object": "chat.completion.chunk",
+    },
+    {
+        "choices": [
+            {
+                "content_filter_results": {"violence": {"filtered": False, "severity": "low"}},
+                "delta": {"content": "他们打起来以后"},
+                "finish_reason": None,
+                "index": 0,
+            }
+        ],
+        "created": 1717000000,
+        "id": "chatcmpl-9Uaz",
+        "model": "gpt-4o-2024-05-13",
+        "object": "chat.completion.chunk",
+    },
+    {
+        "choices": [
+            {
+                "content_filter_results": {"violence": {"filtered": True, "severity": "medium"}},
+                "delta": {},
+                "finish_reason": "content_filter",
+                "index": 0,
+            }
+        ],
+        "created": 1717000000,
+        "id": "chatcmpl-9Uaz",
+        "model": "gpt-4o-2024-05-13",
+        "object": "chat.completion.chunk",
+    },
+    "data: [DONE]",
+)
+
+
+@pytest.mark.parametrize(
+    ("body", "reason", "said"),
+    [
+        pytest.param(GLM_SENSITIVE, "sensitive", "我可以告诉你", id="zhipu-sensitive"),
+        pytest.param(AZURE_FILTERED, "content_filter", "他们打起来以后", id="azure-content-filter"),
+    ],
+)
+async def test_a_filtered_reply_never_reaches_the_group_nor_the_history(
+    rt: Runtime, llm: ScriptedLLM, body: bytes, reason: str, said: str
+) -> None:
+    # Before: the part the filter let through went to the group as the answer and into the memory.
+    llm.push(Reply(raw=body))
+    with captured("WARNING") as lines:
+        outcome, sent = await ask_in_group(rt, "那天到底发生了什么？")
+    assert (outcome, sent) == ("error", [APOLOGY])
+    assert any(reason in line for line in lines)
+    assert not any(said in m.content for m in await rt.store.get_history(GROUP.id))
+    assert len(llm.requests) == 1  # the same question would be filtered again
+
+
+async def test_a_glm_network_error_is_a_failure_not_silence(rt: Runtime, llm: ScriptedLLM) -> None:
+    # Before: the empty reply was taken for the model choosing to stay silent: no answer, no log line.
+    llm.push(Reply(raw=GLM_NETWORK_ERROR))
+    with captured("WARNING") as lines:
+        outcome, sent = await ask_in_group(rt, "在吗")
+    assert (outcome, sent) == ("error", [APOLOGY])
+    assert any("network_error" in line for line in lines)
+
+
+async def test_a_filtered_summary_is_not_stored(rt: Runtime, llm: ScriptedLLM) -> None:
+    for i in range(4):
+        await rt.agent.record(GROUP, Message(role="user", content=f"[小明(12345)] 第{i}句", name="12345"))
+    partial = sse(glm_chunk("【最近在聊什么】\n小明在"), glm_chunk("", finish="sensitive"), "data: [DONE]")
+    llm.push(Reply(raw=partial))
+    with pytest.raises(CompressionError) as caught:
+        await rt.compression.compress(GROUP.id)
+    assert "内容审核" in caught.value.reason
+    assert await rt.store.get_meta(SUMMARY_NAMESPACE, GROUP.id) is None
+    assert len(await rt.store.get_history(GROUP.id)) == 4  # nothing archived

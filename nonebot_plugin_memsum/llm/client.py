@@ -24,8 +24,11 @@ Decisions:
   status's error, not a cut stream: a 400 stays a 400 (R-RUN-9's retry knows it).
 - Reasoning never reaches the caller's text: `reasoning_content` / `reasoning` and a
   leading `<think>` block go to `ChatResult.reasoning` (reasoning.py).
-- Failed calls record nothing in the ledger, except `length` stops: the model did
-  answer, and the agent even uses such a reply. A ledger that fails is logged and
+- A reply the provider ended itself (finish reason `content_filter`, Zhipu's `sensitive` and
+  `network_error`, `error`) is a failure, never an answer: a half-said filtered text must not
+  reach a group, and an empty one is not the model choosing silence. Not retried.
+- Failed calls record nothing in the ledger, except `length` and content-filter stops: the
+  model did answer (it is billed), and the agent even uses a `length` reply. A ledger that fails is logged and
   does not fail the call (the reply is already paid for).
 """
 
@@ -50,6 +53,7 @@ from .errors import (
     LLMBadRequest,
     LLMBadResponse,
     LLMConnectError,
+    LLMContentFilter,
     LLMError,
     LLMLengthLimit,
     LLMStatusError,
@@ -222,7 +226,7 @@ class LLMClient:
                     f"{type(err).__name__}: {err}{'; retrying' if again else ''}"
                 )
                 if not again:
-                    if isinstance(err, LLMLengthLimit):
+                    if isinstance(err, LLMLengthLimit | LLMContentFilter):
                         await self._record(session_id, purpose, messages, err.result)  # it was paid for
                     raise
                 retry_after = err.retry_after if isinstance(err, LLMStatusError) else None
@@ -291,6 +295,19 @@ class LLMClient:
         if result.finish_reason == "length":
             raise LLMLengthLimit(
                 f"{model.id}: reply stopped at the output limit", model_id=model.id, result=result
+            )
+        stopped = _STOPPED_BY_PROVIDER.get(result.finish_reason or "")
+        if stopped is LLMContentFilter:
+            raise LLMContentFilter(
+                f"{model.id}: the provider's content filter stopped the reply (finish reason"
+                f" {result.finish_reason})",
+                model_id=model.id,
+                result=result,
+            )
+        if stopped is not None:
+            raise stopped(
+                f"{model.id}: the provider stopped the reply (finish reason {result.finish_reason})",
+                model_id=model.id,
             )
         return result
 
@@ -660,6 +677,15 @@ class _Stream:
             reasoning_content="".join(self.reasoning_content),
         )
 
+
+_STOPPED_BY_PROVIDER: dict[str, type[LLMError]] = {
+    "content_filter": LLMContentFilter,  # OpenAI, Azure (its "Content filtering" docs), Ark, Gemini
+    "sensitive": LLMContentFilter,  # Zhipu: 模型推理内容被安全审核接口拦截
+    "network_error": LLMStreamCut,  # Zhipu: 模型推理异常 (hermes-agent#92161: ends with no content)
+    "error": LLMStreamCut,  # OpenRouter, when the upstream failed mid-reply
+}
+"""Finish reasons that say the provider, not the model, ended the reply: what came before is not
+an answer (a filtered text half said, or nothing, which would pass for choosing silence)."""
 
 _PLAIN_LIMIT = 1 << 20
 """Bytes of a streamed body without events kept to read it as one completion."""

@@ -12,6 +12,7 @@ The hierarchy:
     - LLMBadRequest
   + LLMStreamCut
   + LLMLengthLimit
+  + LLMContentFilter
   + LLMBadResponse
 
 Messages are short, name the model id (and the HTTP status), and are built here from
@@ -87,6 +88,15 @@ class LLMLengthLimit(LLMError):
         self.result = result
 
 
+class LLMContentFilter(LLMError):
+    """The provider's content filter stopped the reply (finish reason `content_filter`, Zhipu's
+    `sensitive`); `.result` holds what came before, which no one may see."""
+
+    def __init__(self, message: str, *, model_id: str, result: ChatResult) -> None:
+        super().__init__(message, model_id=model_id)
+        self.result = result
+
+
 class LLMBadResponse(LLMError):
     """The API answered 2xx with a body that is not a chat completion."""
 
@@ -115,6 +125,7 @@ _IN_CHINESE: tuple[tuple[type[LLMError], str], ...] = (
     (LLMBadRequest, "拒绝了这个请求"),
     (LLMStreamCut, "回复中途断开"),
     (LLMLengthLimit, "输出到上限被截断"),
+    (LLMContentFilter, "的回复被服务商的内容审核拦下"),
     (LLMBadResponse, "回答不是聊天接口的格式（base_url 应是 OpenAI 兼容接口的根，通常以 /v1 结尾）"),
 )
 
