@@ -52,9 +52,13 @@ class ModelConfig(BaseModel):
     id: str = Field(pattern=r"^[^/\s]+/\S+$")
     """`provider/model`, the name preferences use."""
     base_url: str = Field(pattern=r"^https?://")
-    """The API root, e.g. `https://api.deepseek.com/v1` (…/chat/completions is appended)."""
+    """The API root, e.g. `https://api.deepseek.com/v1` (…/chat/completions is appended to its
+    path; a query such as Azure's `?api-version=…` stays at the end)."""
     api_key: SecretStr = SecretStr("")
-    """Sent as `Authorization: Bearer …`; never logged."""
+    """Sent as `Authorization: Bearer …` (see `api_key_header`); never logged."""
+    api_key_header: str = Field(default="Authorization", pattern=r"^[A-Za-z0-9-]+$")
+    """The header that carries the key: `Authorization` sends `Bearer <key>`, any other name the
+    bare key (Azure OpenAI's deployment URLs want `api-key`)."""
     api_key_env: str | None = None
     """Name of an environment variable holding the key instead: it stays out of `.env`
     (NoneBot prints every `.env` value at LOG_LEVEL=DEBUG)."""

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from nonebot_plugin_memsum import runtime
 from nonebot_plugin_memsum.agent.turn import Entry
@@ -25,11 +26,11 @@ from nonebot_plugin_memsum.compression.request import is_context_too_long
 from nonebot_plugin_memsum.config import Config, ModelConfig
 from nonebot_plugin_memsum.errors import CompressionError
 from nonebot_plugin_memsum.llm.client import LLMClient
-from nonebot_plugin_memsum.llm.errors import LLMBadRequest, LLMRateLimited, in_chinese
+from nonebot_plugin_memsum.llm.errors import LLMAuthError, LLMBadRequest, LLMRateLimited, in_chinese
 from nonebot_plugin_memsum.runtime import Runtime
 from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE
 from nonebot_plugin_memsum.types import Message, SessionRecord
-from tests.fakes.llm_server import Reply, ScriptedLLM
+from tests.fakes.llm_server import API_KEY, Reply, ScriptedLLM
 from tests.fakes.logs import captured
 from tests.fakes.service import GROUP as SERVICE_GROUP
 from tests.fakes.service import Make, seed
@@ -356,3 +357,69 @@ async def test_a_filtered_summary_is_not_stored(rt: Runtime, llm: ScriptedLLM) -
     assert "内容审核" in caught.value.reason
     assert await rt.store.get_meta(SUMMARY_NAMESPACE, GROUP.id) is None
     assert len(await rt.store.get_history(GROUP.id)) == 4  # nothing archived
+
+
+# ---- Azure OpenAI's deployment URL: `api-key` header, `api-version` query ---------------------------
+# learn.microsoft.com, "Azure OpenAI in Azure AI Foundry Models REST API reference" (data plane
+# inference): POST {endpoint}/openai/deployments/{deployment-id}/chat/completions?api-version=
+# 2024-10-21, authenticated by an `api-key: <key>` header (a Bearer token is for Microsoft Entra
+# ID); Azure China (docs.azure.cn) documents the same form. The v1 API (/openai/v1, no api-version)
+# takes the key as a Bearer token, as the README already says.
+AZURE_401 = {
+    "error": {
+        "code": "401",
+        "message": "Access denied due to invalid subscription key or wrong API endpoint. Make sure to"
+        " provide a valid key for an active subscription and use a correct regional API endpoint for"
+        " your resource.",
+    }
+}
+
+
+def azure_model(llm: ScriptedLLM) -> ModelConfig:
+    origin = llm.base_url.removesuffix("/v1")
+    return ModelConfig(
+        **llm.model_config(
+            "azure/gpt-4o-mini",
+            base_url=f"{origin}/openai/deployments/gpt-4o-mini?api-version=2024-10-21",
+            api_key_header="api-key",
+        )
+    )
+
+
+async def test_azure_deployment_url_and_api_key_header_reach_it(llm: ScriptedLLM, tmp_path: Path) -> None:
+    # Before: the bot appended /chat/completions after the query (…?api-version=2024-10-21/chat/
+    # completions) and sent the key as a Bearer token: an Azure deployment could not be reached.
+    config = Config(memsum_models=[azure_model(llm)], memsum_persona="你是群助手小记。")
+    rt = await runtime.build(config, tmp_path / "memsum.db", ["小记"], {"10001"})
+    try:
+        llm.push(Reply("八点开黑。"))
+        outcome, sent = await ask_in_group(rt, "今晚几点？")
+    finally:
+        await runtime.close(rt)
+    assert (outcome, sent) == ("replied", ["八点开黑。"])
+    assert llm.request_paths == ["/openai/deployments/gpt-4o-mini/chat/completions?api-version=2024-10-21"]
+    headers = llm.request_headers[0]
+    assert headers["api-key"] == API_KEY
+    assert "authorization" not in headers
+
+
+async def test_azure_wrong_key_is_said_without_the_key(client: LLMClient, llm: ScriptedLLM) -> None:
+    llm.push(Reply(status=401, raw=json.dumps(AZURE_401)))
+    with captured("INFO") as lines, pytest.raises(LLMAuthError) as caught:
+        await client.chat(azure_model(llm), MESSAGES, purpose="对话")
+    assert "invalid subscription key" in in_chinese(caught.value)
+    assert lines
+    assert not any(API_KEY in line for line in lines)
+    assert len(llm.requests) == 1  # a 401 is not retried
+
+
+def test_the_key_header_is_one_header_name() -> None:
+    base = {
+        "id": "azure/gpt-4o",
+        "base_url": "https://x.openai.azure.com/openai/v1",
+        "context_window": 128000,
+    }
+    assert ModelConfig(**base).api_key_header == "Authorization"
+    for bad in ("api key", "api-key:", "", "api-key\\n"):
+        with pytest.raises(ValidationError):
+            ModelConfig(**base, api_key_header=bad)

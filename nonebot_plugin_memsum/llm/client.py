@@ -42,6 +42,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 from nonebot.log import logger
@@ -283,8 +284,11 @@ class LLMClient:
         key = model.api_key.get_secret_value()
         headers = {"Content-Type": "application/json"}
         if key:
-            headers["Authorization"] = f"Bearer {key}"
-        url = model.base_url.rstrip("/") + "/chat/completions"
+            if model.api_key_header.lower() == "authorization":
+                headers["Authorization"] = f"Bearer {key}"
+            else:
+                headers[model.api_key_header] = key
+        url = endpoint(model.base_url)
         try:
             async with asyncio.timeout(self._timeout):
                 result = await self._exchange(model, url, headers, body, stream=stream)
@@ -356,6 +360,13 @@ class LLMClient:
             await self._ledger(session_id, purpose, result.model_id, tokens_in, tokens_out, cached)
         except Exception as err:
             logger.warning(f"memsum: usage ledger failed for {result.model_id}: {type(err).__name__}: {err}")
+
+
+def endpoint(base_url: str) -> str:
+    """The chat completions URL of an API root: `/chat/completions` after its path, before its
+    query (Azure's `…/openai/deployments/<name>?api-version=…`)."""
+    parts = urlsplit(base_url)
+    return urlunsplit(parts._replace(path=parts.path.rstrip("/") + "/chat/completions"))
 
 
 def _dumps(value: Any) -> bytes:

@@ -140,6 +140,8 @@ class ScriptedLLM:
         """Every request body (parsed JSON), in arrival order."""
         self.request_headers: list[dict[str, str]] = []
         """The headers of each request (names lower-cased), same order as `requests`."""
+        self.request_paths: list[str] = []
+        """The path of each request with its query string, same order as `requests`."""
         self._queue: deque[Reply] = deque()
         self._responders: list[Responder] = []
         self._cond = threading.Condition()
@@ -205,6 +207,7 @@ class ScriptedLLM:
             self.connections = 0
             self.requests.clear()
             self.request_headers.clear()
+            self.request_paths.clear()
             self._queue.clear()
             self._responders.clear()
             self.default = Reply()
@@ -228,10 +231,11 @@ class ScriptedLLM:
         with self._cond:
             self.connections += 1
 
-    def _take(self, body: dict[str, Any], headers: dict[str, str]) -> Reply:
+    def _take(self, body: dict[str, Any], headers: dict[str, str], path: str = "") -> Reply:
         with self._cond:
             self.requests.append(body)
             self.request_headers.append(headers)
+            self.request_paths.append(path)
             self._cond.notify_all()
             responders = list(self._responders)
         for fn in responders:
@@ -259,7 +263,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         self.close_connection = not self.llm.keep_alive
-        if not self.path.rstrip("/").endswith("/chat/completions"):
+        if not self.path.partition("?")[0].rstrip("/").endswith("/chat/completions"):
             self._json(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
             return
         try:
@@ -267,7 +271,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             self._json(400, {"error": {"message": "body is not JSON", "type": "invalid_request_error"}})
             return
-        reply = self.llm._take(body, {k.lower(): v for k, v in self.headers.items()})
+        reply = self.llm._take(body, {k.lower(): v for k, v in self.headers.items()}, self.path)
         try:
             self._answer(body, reply)
         except (BrokenPipeError, ConnectionResetError):
