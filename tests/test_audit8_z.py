@@ -423,3 +423,71 @@ def test_the_key_header_is_one_header_name() -> None:
     for bad in ("api key", "api-key:", "", "api-key\\n"):
         with pytest.raises(ValidationError):
             ModelConfig(**base, api_key_header=bad)
+
+
+# ---- MiniMax: errors in `base_resp` with HTTP 200, thinking in the content -------------------------
+# MiniMax's OpenAI-compatible chat completion (api.minimaxi.com/v1) can answer HTTP 200 with no
+# choices and the error in `base_resp` (MiniMax-AI/MiniMax-01#15: status_code 1039, "token limit";
+# its code table, platform.minimaxi.com "错误码", as ENTERPILOT/GoModel#640 maps it: 1002/1039 rate
+# limits, 1004 authentication, 1008 insufficient balance, 1026 sensitive input, 2013 parameters).
+def minimax_error(code: int, msg: str) -> str:
+    return json.dumps(
+        {
+            "id": "03e19de25d5cdd89c3c8364c5be8d1c9",
+            "choices": None,
+            "created": 1737648866,
+            "model": "MiniMax-Text-01",
+            "object": "chat.completion",
+            "usage": {"total_tokens": 0, "total_characters": 0},
+            "input_sensitive": False,
+            "output_sensitive": False,
+            "input_sensitive_type": 0,
+            "output_sensitive_type": 0,
+            "output_sensitive_int": 0,
+            "base_resp": {"status_code": code, "status_msg": msg},
+        }
+    )
+
+
+async def test_minimax_rate_limit_in_base_resp_is_retried(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig
+) -> None:
+    # Before: "not a chat completion", not retried, and the owner told to check base_url.
+    llm.push(Reply(raw=minimax_error(1039, "token limit")), Reply("好的"))
+    result = await client.chat(model, MESSAGES, purpose="对话")
+    assert result.content == "好的"
+    assert len(llm.requests) == 2
+
+
+async def test_minimax_insufficient_balance_is_said_as_such(rt: Runtime, llm: ScriptedLLM) -> None:
+    llm.default = Reply(raw=minimax_error(1008, "insufficient balance"))
+    with captured("WARNING") as lines:
+        outcome, sent = await ask_in_group(rt, "在吗")
+    assert (outcome, sent) == ("error", [APOLOGY])
+    warning = next(line for line in lines if "turn of" in line)
+    assert "insufficient balance" in warning
+    assert "base_url" not in warning
+    assert "not a chat completion" not in warning
+
+
+async def test_minimax_sensitive_input_is_a_refusal(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig
+) -> None:
+    llm.push(Reply(raw=minimax_error(1026, "input new_sensitive")))
+    with pytest.raises(LLMBadRequest) as caught:
+        await client.chat(model, MESSAGES, purpose="对话")
+    assert "new_sensitive" in in_chinese(caught.value)
+    assert len(llm.requests) == 1
+
+
+async def test_minimax_base_resp_error_as_a_stream_event_is_not_an_empty_answer(
+    rt: Runtime, llm: ScriptedLLM
+) -> None:
+    # The same error body sent as the one event of a stream (a relay that streams whatever it gets):
+    # without a look at `base_resp` it read as an empty reply, i.e. the bot choosing silence.
+    body = f"data: {minimax_error(1004, 'login fail: Please carry the API secret key')}\n\ndata: [DONE]\n\n"
+    llm.push(Reply(raw=body))
+    with captured("WARNING") as lines:
+        outcome, sent = await ask_in_group(rt, "在吗")
+    assert (outcome, sent) == ("error", [APOLOGY])
+    assert any("HTTP 401" in line and "login fail" in line for line in lines)

@@ -511,6 +511,8 @@ def _error_text(body: bytes) -> str:
         return body.decode("utf-8", "replace").strip()
     if isinstance(data, list) and len(data) == 1:
         data = data[0]  # Gemini's OpenAI endpoint: `[{"error": {...}}]`
+    if (failed := _base_resp(data)) is not None:
+        return failed[1]
     if isinstance(data, dict):
         error = data.get("error", data)
         if isinstance(error, dict) and isinstance(error.get("message"), str):
@@ -518,6 +520,26 @@ def _error_text(body: bytes) -> str:
         if isinstance(error, str):
             return error
     return json.dumps(data, ensure_ascii=False)
+
+
+_BASE_RESP_STATUS = {1000: 500, 1001: 504, 1002: 429, 1004: 401, 1008: 429, 1013: 500, 1039: 429}
+"""MiniMax's error codes (platform.minimaxi.com "错误码"; as ENTERPILOT/GoModel#640 maps them) as the
+HTTP status they mean: 1000 unknown, 1001 timeout, 1002 requests and 1039 tokens per minute, 1004
+authentication, 1008 insufficient balance, 1013 internal error; any other (1026/1027 sensitive
+content, 2013 bad parameters) is a refusal of the request: 400."""
+
+
+def _base_resp(data: object) -> tuple[int, str] | None:
+    """(HTTP status, text) of an error MiniMax reports in `base_resp` beside an HTTP 200
+    (MiniMax-AI/MiniMax-01#15: `"choices": null`, `"base_resp": {"status_code": 1039, "status_msg":
+    "token limit"}`); None when there is none (status_code 0 on every good answer)."""
+    resp = data.get("base_resp") if isinstance(data, dict) else None
+    code = resp.get("status_code") if isinstance(resp, dict) else None
+    if not isinstance(code, int) or isinstance(code, bool) or code == 0:
+        return None
+    said = resp.get("status_msg") if isinstance(resp, dict) else None
+    text = f"{said} ({code})" if isinstance(said, str) and said else f"error {code}"
+    return _BASE_RESP_STATUS.get(code, 400), text
 
 
 def _upstream(metadata: object) -> str:
@@ -544,6 +566,14 @@ def _retry_after(value: str | None) -> float | None:
 def _parse_completion(model: ModelConfig, body: bytes) -> ChatResult:
     try:
         data = json.loads(body)
+        if (failed := _base_resp(data)) is not None:
+            status, said = failed
+            raise status_error(
+                status,
+                f"{model.id}: error with HTTP 200: {_detail(said, model)}",
+                model_id=model.id,
+                retry_after=None,
+            )
         choice = data["choices"][0]
         message = choice["message"]
         calls = tuple(
@@ -839,6 +869,9 @@ def _dispatch(model: ModelConfig, acc: _Stream, payload: bytes) -> None:
         raise LLMBadResponse(f"{model.id}: unreadable stream chunk", model_id=model.id) from None
     if not isinstance(chunk, dict):
         raise LLMBadResponse(f"{model.id}: unreadable stream chunk", model_id=model.id)
+    if (failed := _base_resp(chunk)) is not None:
+        chunk = {"error": {"code": failed[0], "message": failed[1]}}
+        payload = _dumps(chunk)
     if error := chunk.get("error"):
         detail = _detail(_error_text(payload), model)
         code = error.get("code") if isinstance(error, dict) else None
