@@ -12,6 +12,10 @@ REASONING_KEY = "reasoning_content"
 """`Message.metadata` key of the reasoning an assistant message that called a tool came with,
 sent back with it: DeepSeek's thinking mode (on by default) answers 400 to a later request
 without it, and Kimi's and Qwen's thinking models read it. Never shown, summarised or searched."""
+TOOL_EXTRA_KEY = "tool_extra_content"
+"""`Message.metadata` key of the `extra_content` each tool call of an assistant message came with
+(call id → object), sent back on that call: Gemini 3 puts its thought signature there and answers
+400 to a later request whose call lacks it. Opaque: never shown, summarised, searched or counted."""
 CONVERSATION_ROLES: frozenset[str] = frozenset({"user", "assistant", "tool", "notice"})
 
 
@@ -152,6 +156,12 @@ class DailyUsage:
     tokens_out: int
     tokens_cached: int = 0
     """Of tokens_in, those the provider served from its prompt cache."""
+
+
+def tool_extra(m: Message) -> Mapping[str, Any]:
+    """The `extra_content` of each tool call of `m`, by call id (empty for none)."""
+    extra = m.metadata.get(TOOL_EXTRA_KEY) if m.tool_calls else None
+    return extra if isinstance(extra, Mapping) else {}
 
 
 def tool_reasoning(m: Message) -> str:

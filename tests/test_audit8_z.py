@@ -491,3 +491,80 @@ async def test_minimax_base_resp_error_as_a_stream_event_is_not_an_empty_answer(
         outcome, sent = await ask_in_group(rt, "在吗")
     assert (outcome, sent) == ("error", [APOLOGY])
     assert any("HTTP 401" in line and "login fail" in line for line in lines)
+
+
+# ---- Gemini 3: a tool call's thought signature goes back with it ---------------------------------
+# ai.google.dev/gemini-api/docs/thought-signatures, "OpenAI compatibility": the signature of a
+# function call comes in `tool_calls[i].extra_content.google.thought_signature`, and Gemini 3 models
+# require it back on that assistant message, else HTTP 400 "Function call is missing a
+# thought_signature in functionCall parts…" (as lbjlaq/Antigravity-Manager#938 and TokenRhythm/
+# opensquilla#225 quote it, the latter in the endpoint's JSON-array error shape). The stream: the
+# whole call in one delta, finish reason and usage on the same last chunk, then [DONE].
+SIGNATURE = "CiQBjz1rX7Ym0ZyOHbDNc3yZ5hPq2QdC4X0gmfY1c5r0pQ1s4GQKZQGPPWtfO8Nw+2Zb5iY"
+GEMINI_TOOL_CALL = sse(
+    {
+        "choices": [
+            {
+                "delta": {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {
+                            "extra_content": {"google": {"thought_signature": SIGNATURE}},
+                            "function": {"arguments": '{"query":"开黑"}', "name": "recall"},
+                            "id": "function-call-4117452751496781512",
+                            "index": 0,
+                            "type": "function",
+                        }
+                    ],
+                },
+                "finish_reason": "tool_calls",
+                "index": 0,
+            }
+        ],
+        "created": 1763900000,
+        "id": "Wj0jacLTLrTez7IPkYyq8Qg",
+        "model": "gemini-3-flash-preview",
+        "object": "chat.completion.chunk",
+        "usage": {"completion_tokens": 18, "prompt_tokens": 980, "total_tokens": 1120},
+    },
+    "data: [DONE]",
+)
+MISSING_SIGNATURE = [
+    {
+        "error": {
+            "code": 400,
+            "message": "Function call is missing a thought_signature in functionCall parts. This is required"
+            " for tools to work correctly, and missing thought_signature may lead to degraded model"
+            " performance. Additional data, function call `default_api:recall` , position 2. Please refer"
+            " to https://ai.google.dev/gemini-api/docs/thought-signatures for more details.",
+            "status": "INVALID_ARGUMENT",
+        }
+    }
+]
+
+
+def gemini_3(body: dict[str, Any]) -> Reply:
+    """Gemini 3's check: every assistant tool call sent back carries its signature."""
+    calls = [c for m in body["messages"] if m.get("role") == "assistant" for c in m.get("tool_calls") or ()]
+    if not calls:
+        return Reply(raw=GEMINI_TOOL_CALL)
+    if any(
+        (c.get("extra_content") or {}).get("google", {}).get("thought_signature") != SIGNATURE for c in calls
+    ):
+        return Reply(status=400, raw=json.dumps(MISSING_SIGNATURE))
+    return Reply("上周六晚上八点开黑过。")
+
+
+async def test_gemini_3_tool_call_goes_back_with_its_thought_signature(rt: Runtime, llm: ScriptedLLM) -> None:
+    # Before: the signature was dropped, the second round got the 400, and every question that
+    # made the model search the archive (the built-in recall tool) got the apology.
+    llm.on_request(gemini_3)
+    outcome, sent = await ask_in_group(rt, "我们上次开黑是什么时候？")
+    assert (outcome, sent) == ("replied", ["上周六晚上八点开黑过。"])
+    assert len(llm.requests) == 2
+    # Stored with the call, so a later turn that sends the same history back passes too.
+    llm.reset()
+    llm.on_request(gemini_3)
+    outcome, sent = await ask_in_group(rt, "那再上一次呢？")
+    assert (outcome, sent) == ("replied", ["上周六晚上八点开黑过。"])
+    assert len(llm.requests) == 1

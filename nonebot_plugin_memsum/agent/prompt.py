@@ -21,6 +21,7 @@ from nonebot_plugin_memsum.types import (
     REASONING_KEY,
     Message,
     shown_content,
+    tool_extra,
     tool_reasoning,
 )
 
@@ -185,8 +186,10 @@ def to_openai(m: Message) -> dict[str, Any]:
     if m.role == "assistant":
         out: dict[str, Any] = {"role": "assistant", "content": shown_content(m) or None}
         if m.tool_calls:
+            extra = tool_extra(m)
             out["tool_calls"] = [
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                | ({"extra_content": extra[c.id]} if c.id in extra else {})
                 for c in m.tool_calls
             ]
             if reasoning := tool_reasoning(m):

@@ -29,7 +29,7 @@ from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_text_
 from nonebot_plugin_memsum.lru import LRU, KeyedLocks
 from nonebot_plugin_memsum.settings import Resolved, Settings, place_key, tier_keys
 from nonebot_plugin_memsum.store import ReplyState, Store
-from nonebot_plugin_memsum.types import REASONING_KEY, Message, SessionRecord, ToolCall
+from nonebot_plugin_memsum.types import REASONING_KEY, TOOL_EXTRA_KEY, Message, SessionRecord, ToolCall
 
 from .events import EventBus, Outcome, TurnEnded, TurnStarted, UsageEvent
 from .prompt import Prompt, assemble, contribution_order, cut_text, tools_tokens, trim_budget
@@ -483,8 +483,13 @@ class Agent:
             used = reported or prompt.estimate
             await self.bus.emit(UsageEvent(turn_id=turn_id, usage=used, **facts))
             if result.tool_calls and offer_tools:
-                # The reasoning goes back with the call: DeepSeek's thinking mode requires it.
-                thought = {REASONING_KEY: result.reasoning_content} if result.reasoning_content else {}
+                # The reasoning goes back with the call: DeepSeek's thinking mode requires it;
+                # so do Gemini 3's thought signatures (the calls' `extra_content`).
+                thought: dict[str, Any] = (
+                    {REASONING_KEY: result.reasoning_content} if result.reasoning_content else {}
+                )
+                if result.tool_extra:
+                    thought[TOOL_EXTRA_KEY] = dict(result.tool_extra)
                 await self._append(
                     session_id,
                     Message(

@@ -108,6 +108,9 @@ class ChatResult:
     """The `reasoning_content` field alone: what DeepSeek's thinking mode (and Kimi's, Qwen's)
     requires back on an assistant message that called a tool (agent/turn.py keeps it there
     and only there)."""
+    tool_extra: Mapping[str, Any] = field(default_factory=dict)
+    """The `extra_content` of each tool call that came with one, by call id: Gemini 3's thought
+    signatures, required back on the call (agent/turn.py keeps them with it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -576,15 +579,17 @@ def _parse_completion(model: ModelConfig, body: bytes) -> ChatResult:
             )
         choice = data["choices"][0]
         message = choice["message"]
+        raw_calls = message.get("tool_calls") or ()
         calls = tuple(
             ToolCall(
                 id=c.get("id") or _call_id(),
                 name=c["function"]["name"],
                 arguments=c["function"].get("arguments") or "",
             )
-            for c in message.get("tool_calls") or ()
+            for c in raw_calls
         )
         return _result(
+            tool_extra=_extras(calls, [c.get("extra_content") for c in raw_calls]),
             content=message.get("content") or "",
             reasoning=message.get("reasoning_content") or message.get("reasoning") or "",
             reasoning_content=_text(message.get("reasoning_content")),
@@ -607,6 +612,7 @@ def _result(
     usage: Usage | None,
     model_id: str,
     reasoning_content: str = "",
+    tool_extra: Mapping[str, Any] | None = None,
 ) -> ChatResult:
     """The reply with any `<think>` block moved from the answer to the reasoning."""
     answer, thought = split_think(content)
@@ -618,7 +624,13 @@ def _result(
         model_id=model_id,
         reasoning="\n\n".join(t for t in (reasoning, thought) if t),
         reasoning_content=reasoning_content,
+        tool_extra=tool_extra or {},
     )
+
+
+def _extras(calls: Sequence[ToolCall], extras: Sequence[object]) -> dict[str, Any]:
+    """Each call's `extra_content` object, by call id; calls without one are left out."""
+    return {c.id: e for c, e in zip(calls, extras, strict=True) if isinstance(e, dict) and e}
 
 
 def _text(value: object) -> str:
@@ -655,6 +667,7 @@ class _PartialCall:
     id: str = ""
     name: str = ""
     arguments: str = ""
+    extra: object = None
 
 
 @dataclass
@@ -703,12 +716,14 @@ class _Stream:
         if name and name != call.name:
             call.name += name
         call.arguments += function.get("arguments") or ""
+        if isinstance(part.get("extra_content"), dict):
+            call.extra = part["extra_content"]
 
     def result(self, model_id: str) -> ChatResult:
-        calls = tuple(
-            ToolCall(c.id or _call_id(), c.name, c.arguments) for _, c in sorted(self.calls.items())
-        )
+        partial = [c for _, c in sorted(self.calls.items())]
+        calls = tuple(ToolCall(c.id or _call_id(), c.name, c.arguments) for c in partial)
         return _result(
+            tool_extra=_extras(calls, [c.extra for c in partial]),
             content="".join(self.content),
             reasoning="".join(self.reasoning),
             tool_calls=calls,
