@@ -25,7 +25,7 @@ from nonebot_plugin_memsum.agent.turn import Entry
 from nonebot_plugin_memsum.compression.request import is_context_too_long
 from nonebot_plugin_memsum.config import Config, ModelConfig
 from nonebot_plugin_memsum.errors import CompressionError
-from nonebot_plugin_memsum.llm.client import LLMClient
+from nonebot_plugin_memsum.llm.client import LLMClient, Usage
 from nonebot_plugin_memsum.llm.errors import LLMAuthError, LLMBadRequest, LLMRateLimited, in_chinese
 from nonebot_plugin_memsum.runtime import Runtime
 from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE
@@ -568,3 +568,217 @@ async def test_gemini_3_tool_call_goes_back_with_its_thought_signature(rt: Runti
     outcome, sent = await ask_in_group(rt, "那再上一次呢？")
     assert (outcome, sent) == ("replied", ["上周六晚上八点开黑过。"])
     assert len(llm.requests) == 1
+
+
+# MiniMax-M2 through the OpenAI-compatible API (MiniMax-AI/MiniMax-M2 README, "Tool calling / Thinking":
+# the model's thinking comes in the content wrapped in <think>...</think> unless `reasoning_split` is
+# asked for); the last chunk carries `base_resp` with status_code 0, as MiniMax's answers do.
+MINIMAX_M2_STREAM = sse(
+    *(
+        {
+            "id": "0508a2b0c6d1",
+            "choices": [{"index": 0, "delta": {"content": piece, "role": "assistant"}}],
+            "created": 1761700000,
+            "model": "MiniMax-M2",
+            "object": "chat.completion.chunk",
+        }
+        for piece in ("<think>\n小明问今晚", "打不打游戏，群里说过八点。\n</think>\n\n", "八点老地方见！")
+    ),
+    {
+        "id": "0508a2b0c6d1",
+        "choices": [{"finish_reason": "stop", "index": 0, "delta": {}}],
+        "created": 1761700000,
+        "model": "MiniMax-M2",
+        "object": "chat.completion.chunk",
+        "usage": {"total_tokens": 90, "prompt_tokens": 60, "completion_tokens": 30},
+        "base_resp": {"status_code": 0, "status_msg": ""},
+    },
+    "data: [DONE]",
+)
+
+
+async def test_minimax_m2_thinking_in_the_content_never_reaches_the_group(
+    rt: Runtime, llm: ScriptedLLM
+) -> None:
+    llm.push(Reply(raw=MINIMAX_M2_STREAM))
+    outcome, sent = await ask_in_group(rt, "今晚打游戏吗")
+    assert (outcome, sent) == ("replied", ["八点老地方见！"])
+    assert (await rt.store.get_history(GROUP.id))[-1].content == "八点老地方见！"
+
+
+# ---- more of each provider's everyday shapes (coverage) --------------------------------------------
+# GLM-4.5+ thinking (docs.bigmodel.cn, "深度思考": `thinking: {"type": "enabled"}` by default on
+# GLM-4.5; the stream sends `reasoning_content` deltas before the `content` ones).
+GLM_THINKING = sse(
+    glm_chunk(reasoning_content="小明问晚上"),
+    glm_chunk(reasoning_content="打不打游戏，先看群里约的时间。"),
+    glm_chunk("八点"),
+    glm_chunk("上线。"),
+    glm_chunk("", finish="stop") | {"usage": GLM_USAGE},
+    "data: [DONE]",
+)
+
+
+async def test_glm_thinking_reaches_neither_the_group_nor_the_history(rt: Runtime, llm: ScriptedLLM) -> None:
+    llm.push(Reply(raw=GLM_THINKING))
+    outcome, sent = await ask_in_group(rt, "今晚打游戏吗")
+    assert (outcome, sent) == ("replied", ["八点上线。"])
+    history = await rt.store.get_history(GROUP.id)
+    assert history[-1].content == "八点上线。"
+    assert not any("先看群里" in m.content for m in history)
+    await rt.store.flush_ledger()
+    assert (await rt.store.usage_totals(GROUP.id))["对话"][:2] == (40, 12)  # GLM's own usage
+
+
+# Zhipu's input review (docs.bigmodel.cn "错误码": 1301, HTTP 400) and its rate limit (1302, HTTP 429,
+# "您当前使用该API的并发数过高，请降低并发，或联系客服增加限额。"), in its {"error": {code, message}} shape.
+ZHIPU_1301 = {
+    "error": {
+        "code": "1301",
+        "message": "系统检测到输入或生成内容可能包含不安全或敏感内容，"
+        "请您避免输入易产生敏感内容的提示语，感谢您的配合。",
+    }
+}
+ZHIPU_1302 = {
+    "error": {"code": "1302", "message": "您当前使用该API的并发数过高，请降低并发，或联系客服增加限额。"}
+}
+
+
+async def test_zhipu_input_review_refusal_apologises_and_names_it(rt: Runtime, llm: ScriptedLLM) -> None:
+    llm.push(Reply(status=400, raw=json.dumps(ZHIPU_1301, ensure_ascii=False)))
+    with captured("WARNING") as lines:
+        outcome, sent = await ask_in_group(rt, "说点什么")
+    assert (outcome, sent) == ("error", [APOLOGY])
+    assert any("HTTP 400" in line and "不安全或敏感内容" in line for line in lines)
+    assert len(llm.requests) == 1
+
+
+async def test_zhipu_concurrency_limit_is_retried(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig
+) -> None:
+    llm.push(Reply(status=429, raw=json.dumps(ZHIPU_1302, ensure_ascii=False)), Reply("好的"))
+    assert (await client.chat(model, MESSAGES, purpose="对话")).content == "好的"
+    assert len(llm.requests) == 2
+
+
+# Anthropic's OpenAI-compatible endpoint (docs.anthropic.com "OpenAI SDK compatibility"; rate limits:
+# "429 error … with a retry-after header indicating how long to wait"), error body in its own shape.
+async def test_anthropic_429_retry_after_is_waited_for(llm: ScriptedLLM, model: ModelConfig) -> None:
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    client = LLMClient(timeout=5, sleep=sleep)
+    body = {
+        "type": "error",
+        "error": {
+            "type": "rate_limit_error",
+            "message": "This request would exceed your organization's rate limit",
+        },
+    }
+    llm.push(Reply(status=429, raw=json.dumps(body), headers={"retry-after": "7"}), Reply("好的"))
+    try:
+        assert (await client.chat(model, MESSAGES, purpose="对话")).content == "好的"
+    finally:
+        await client.aclose()
+    assert waits == [7.0]
+
+
+# Volcengine Ark (www.volcengine.com/docs/82379, "Chat API"): base_url https://ark.cn-beijing.volces.com/
+# api/v3, `model` is the endpoint id (ep-…) or the model id; doubao-seed thinking in `reasoning_content`;
+# usage in a last chunk with empty choices when stream_options.include_usage is set.
+ARK_STREAM = sse(
+    *(
+        {
+            "choices": [{"delta": d, "index": 0}],
+            "created": 1751000000,
+            "id": "021751000000abcdef",
+            "model": "doubao-seed-1-6-250615",
+            "service_tier": "default",
+            "object": "chat.completion.chunk",
+            "usage": None,
+        }
+        for d in (
+            {"content": "", "reasoning_content": "群友问周末", "role": "assistant"},
+            {"content": "", "reasoning_content": "去哪玩。", "role": "assistant"},
+            {"content": "周末去爬山吧！", "role": "assistant"},
+        )
+    ),
+    {
+        "choices": [{"delta": {"content": "", "role": "assistant"}, "finish_reason": "stop", "index": 0}],
+        "created": 1751000000,
+        "id": "021751000000abcdef",
+        "model": "doubao-seed-1-6-250615",
+        "object": "chat.completion.chunk",
+        "usage": None,
+    },
+    {
+        "choices": [],
+        "created": 1751000000,
+        "id": "021751000000abcdef",
+        "model": "doubao-seed-1-6-250615",
+        "object": "chat.completion.chunk",
+        "usage": {
+            "completion_tokens": 20,
+            "prompt_tokens": 70,
+            "total_tokens": 90,
+            "prompt_tokens_details": {"cached_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": 12},
+        },
+    },
+    "data: [DONE]",
+)
+
+
+async def test_ark_endpoint_id_is_sent_and_doubao_thinking_stays_out(
+    client: LLMClient, llm: ScriptedLLM
+) -> None:
+    model = ModelConfig(**llm.model_config("ark/doubao-seed", model="ep-20250601123456-abcde"))
+    llm.push(Reply(raw=ARK_STREAM))
+    result = await client.chat(model, MESSAGES, purpose="对话")
+    assert llm.requests[0]["model"] == "ep-20250601123456-abcde"
+    assert (result.content, result.usage) == ("周末去爬山吧！", Usage(70, 20))
+    assert result.reasoning == "群友问周末去哪玩。"
+
+
+# Gemini's OpenAI endpoint streams usage on the last content chunk, beside its finish reason
+# (ai.google.dev/gemini-api/docs/openai, "Streaming"; continuedev/continue#8865's recorded chunks).
+async def test_gemini_usage_on_the_finishing_chunk(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig
+) -> None:
+    body = sse(
+        {
+            "choices": [{"delta": {"content": "周六", "role": "assistant"}, "index": 0}],
+            "created": 1763900000,
+            "id": "Wj0jacLT",
+            "model": "gemini-2.5-flash",
+            "object": "chat.completion.chunk",
+        },
+        {
+            "choices": [
+                {"delta": {"content": "见！", "role": "assistant"}, "finish_reason": "stop", "index": 0}
+            ],
+            "created": 1763900000,
+            "id": "Wj0jacLT",
+            "model": "gemini-2.5-flash",
+            "object": "chat.completion.chunk",
+            "usage": {"completion_tokens": 3, "prompt_tokens": 41, "total_tokens": 60},
+        },
+        "data: [DONE]",
+    )
+    llm.push(Reply(raw=body))
+    result = await client.chat(model, MESSAGES, purpose="对话")
+    assert (result.content, result.usage) == ("周六见！", Usage(41, 3))
+
+
+async def test_a_zhipu_context_error_in_a_chat_turn_apologises_and_names_it(
+    rt: Runtime, llm: ScriptedLLM
+) -> None:
+    # The chat has no retry of its own for a context too long (its trim budget keeps the request
+    # inside the configured window); the owner reads GLM's reason in the warning.
+    llm.push(Reply(status=400, raw=json.dumps(CONTEXT_ERRORS["zhipu-1261"])))
+    with captured("WARNING") as lines:
+        outcome, sent = await ask_in_group(rt, "总结一下")
+    assert (outcome, sent) == ("error", [APOLOGY])
+    assert any("Prompt exceeds max length" in line for line in lines)
