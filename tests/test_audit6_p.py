@@ -19,10 +19,9 @@ import pytest
 
 from nonebot_plugin_memsum import runtime
 from nonebot_plugin_memsum.agent.turn import Entry
-from nonebot_plugin_memsum.compression.request import is_context_too_long
 from nonebot_plugin_memsum.config import Config, ModelConfig
 from nonebot_plugin_memsum.llm.client import LLMClient, Usage
-from nonebot_plugin_memsum.llm.errors import LLMBadRequest, LLMStatusError, LLMStreamCut
+from nonebot_plugin_memsum.llm.errors import LLMBadRequest, LLMStatusError, LLMStreamCut, is_context_too_long
 from nonebot_plugin_memsum.runtime import Runtime
 from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE
 from nonebot_plugin_memsum.types import Message, SessionRecord

@@ -22,11 +22,17 @@ from pydantic import ValidationError
 
 from nonebot_plugin_memsum import runtime
 from nonebot_plugin_memsum.agent.turn import Entry
-from nonebot_plugin_memsum.compression.request import is_context_too_long
 from nonebot_plugin_memsum.config import Config, ModelConfig
 from nonebot_plugin_memsum.errors import CompressionError
 from nonebot_plugin_memsum.llm.client import LLMClient, Usage
-from nonebot_plugin_memsum.llm.errors import LLMAuthError, LLMBadRequest, LLMRateLimited, in_chinese
+from nonebot_plugin_memsum.llm.errors import (
+    LLMAuthError,
+    LLMBadRequest,
+    LLMRateLimited,
+    LLMServerError,
+    in_chinese,
+    is_context_too_long,
+)
 from nonebot_plugin_memsum.runtime import Runtime
 from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE
 from nonebot_plugin_memsum.types import Message, SessionRecord
@@ -782,3 +788,70 @@ async def test_a_zhipu_context_error_in_a_chat_turn_apologises_and_names_it(
         outcome, sent = await ask_in_group(rt, "总结一下")
     assert (outcome, sent) == ("error", [APOLOGY])
     assert any("Prompt exceeds max length" in line for line in lines)
+
+
+# ---- a context too long said with HTTP 500 (self-hosted servers) ------------------------------------
+# llama.cpp's server from PR #15780 ("server: add exceed_context_size_error type", 2025-09-03) until
+# PR #16486 made it a 400: code 500 with that type; its other path, still in 2026 (ggml-org/llama.cpp
+# #19774, "sometimes the reply is 500"): {"error":{"code":500,"message":"Context size has been
+# exceeded.","type":"server_error"}}; Xinference serving vLLM (langchain-ai/deepagents#468: "Error
+# code: 500 - {'detail': '... The decoder prompt (length 66501) is longer than the maximum model
+# length of 65536 ...'}").
+CONTEXT_ERRORS_500: dict[str, Any] = {
+    "llama.cpp-15780": {
+        "error": {
+            "code": 500,
+            "message": "the request exceeds the available context size. try increasing the context size or"
+            " enable context shift",
+            "type": "exceed_context_size_error",
+            "n_prompt_tokens": 6817,
+            "n_ctx": 6000,
+        }
+    },
+    "llama.cpp-19774": {
+        "error": {"code": 500, "message": "Context size has been exceeded.", "type": "server_error"}
+    },
+    "xinference": {
+        "detail": "[address=0.0.0.0:43769, pid=1065] The decoder prompt (length 6817) is longer than the"
+        " maximum model length of 6000. Make sure that `max_model_len` is no smaller than the number of"
+        " text tokens."
+    },
+}
+
+
+@pytest.mark.parametrize("server", sorted(CONTEXT_ERRORS_500))
+async def test_a_500_saying_context_too_long_is_known_and_not_retried(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig, server: str
+) -> None:
+    # Before: retried twice (the same too-long request, each a full prompt for a local GPU), then
+    # taken for a server failure.
+    llm.default = Reply(status=500, raw=json.dumps(CONTEXT_ERRORS_500[server]))
+    with pytest.raises(LLMServerError) as caught:
+        await client.chat(model, MESSAGES, purpose="摘要")
+    assert is_context_too_long(caught.value.status, str(caught.value))
+    assert len(llm.requests) == 1
+
+
+@pytest.mark.parametrize("server", sorted(CONTEXT_ERRORS_500))
+async def test_r_run_9_a_500_saying_context_too_long_retries_under_the_literal_rule(
+    make: Make, server: str
+) -> None:
+    window = 6000
+    env = await make(summary={"context_window": window})
+    await seed(env.rt, 80, size=80)
+    env.model.summary.append(Reply(status=500, raw=json.dumps(CONTEXT_ERRORS_500[server])))
+    result = await env.rt.compression.compress(SERVICE_GROUP.id)
+    assert result.outcome == "done"
+    first, *rest = env.model.summary_requests()
+    assert not literal_fit(first, window)
+    assert rest
+    assert all(literal_fit(b, window) for b in rest)
+
+
+async def test_a_plain_500_is_still_retried(client: LLMClient, llm: ScriptedLLM, model: ModelConfig) -> None:
+    llm.push(
+        Reply(status=500, raw=json.dumps({"error": {"code": 500, "message": "internal error"}})),
+        Reply("好的"),
+    )
+    assert (await client.chat(model, MESSAGES, purpose="对话")).content == "好的"
+    assert len(llm.requests) == 2

@@ -120,46 +120,6 @@ def _user_message(summary: str, conversation: str, todos: str) -> str:
     return SEPARATOR.join(p for p in (summary, conversation_part, todos) if p)
 
 
-# How providers word "the request is longer than the context" (the error's message; our
-# client keeps `error.message`): OpenAI and DeepSeek (code `context_length_exceeded`,
-# "This model's maximum context length is 8192 tokens. However, your messages resulted in
-# 8545 tokens..."; forms collected in pkdone/paul-genai-test-tools-ts
-# src/llm/providers/openai/openai-error-patterns.ts), vLLM (the same sentence), llama.cpp's
-# server (type `exceed_context_size_error`, "request (9412 tokens) exceeds the available
-# context size (8192 tokens), try increasing it"), Ollama ("the input length exceeds the
-# context length"), DashScope/Qwen ("Range of input length should be [1, 30720]"), and the
-# phrases crewAI's LLMContextLengthExceededException lists. Besides: Moonshot/Kimi ("Invalid
-# request: Your request exceeded model token limit: 262144 (requested: 269030)", MoonshotAI/
-# kimi-cli#2011; "model max length exceeded, max length:8192", MoonshotAI-Cookbook#18),
-# SiliconFlow (code 20015, "length of prompt_tokens (68957) must be less than max_seq_len
-# (65536).", chatboxai/chatbox#2060; "max_total_tokens (33802) must be less than or equal to
-# max_seq_len (32768)", continuedev/continue#10993), vLLM's engine ("The decoder prompt (length
-# 21535) is longer than the maximum model length of 16384", xorbitsai/inference#3785), SGLang
-# and Together AI ("The input (9000 tokens) is longer than the model's context length (8192
-# tokens).", sglang tokenizer_manager.py) and Gemini's OpenAI endpoint ("The input token count
-# (3377151) exceeds the maximum number of tokens allowed (1048576)."). And: Zhipu GLM (code 1261,
-# "Prompt exceeds max length", zeroclaw-labs/zeroclaw#4124), xAI/Grok ("This model's maximum prompt
-# length is 131072 but the request contains 136973 tokens.", cline/cline#3120), SiliconFlow's newer
-# wording ("number of input tokens (204703) has exceeded max_prompt_tokens (202752) limit.",
-# leookun/cursor-byok#129) and Anthropic's, through its OpenAI-compatible endpoint ("input length
-# and `max_tokens` exceed context limit: 196395 + 64000 > 204698", RooCodeInc/Roo-Code#3713).
-_CONTEXT_TOO_LONG = re.compile(
-    r"context_length_exceeded|maximum context length|context length exceeded|exceed_context_size"
-    r"|exceeds the available context size|input length exceeds the context length"
-    r"|range of input length|context window|too many tokens|input is too long|prompt is too long"
-    r"|exceeded model token limit|model max length exceeded|must be less than (?:or equal to )?max_seq_len"
-    r"|longer than the maximum model length|longer than the model's context length"
-    r"|exceeds the maximum number of tokens allowed|prompt exceeds max length|maximum prompt length"
-    r"|exceeded max_prompt_tokens|exceed context limit",
-    re.IGNORECASE,
-)
-
-
-def is_context_too_long(status: int, message: str) -> bool:
-    """Whether an HTTP error answers that the request is longer than the model's context."""
-    return status in (400, 413, 422) and _CONTEXT_TOO_LONG.search(message) is not None
-
-
 def capacity(*, summary_window: int, budget: Budget, prompt_chars: int) -> int:
     """R-RUN-9, the literal rule: characters of conversation one request can carry."""
     return math.floor((summary_window - budget.physical_cap - budget.max_tokens) / 2) - prompt_chars

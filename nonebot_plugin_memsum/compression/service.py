@@ -35,7 +35,7 @@ from nonebot_plugin_memsum.agent.turn import Agent, Entry
 from nonebot_plugin_memsum.compression.budget import budget_over_units, compression_line
 from nonebot_plugin_memsum.compression.keep import apply_count_rule
 from nonebot_plugin_memsum.compression.parse import parse_reply
-from nonebot_plugin_memsum.compression.request import ChunkPlan, is_context_too_long
+from nonebot_plugin_memsum.compression.request import ChunkPlan
 from nonebot_plugin_memsum.compression.templates import choose_template
 from nonebot_plugin_memsum.compression.trigger import Backoff, UsageFacts, compression_due, usage_due
 from nonebot_plugin_memsum.compression.units import (
@@ -57,6 +57,7 @@ from nonebot_plugin_memsum.llm import (
     LLMStatusError,
     Registry,
     in_chinese,
+    is_context_too_long,
 )
 from nonebot_plugin_memsum.llm.tokens import estimate_stored, estimate_text_tokens, stored_content_tokens
 from nonebot_plugin_memsum.lru import LRU, SESSIONS_KEPT, BoundedCache, KeyedLocks

@@ -15,6 +15,7 @@ from .errors import (
     LLMStreamCut,
     LLMTimeout,
     in_chinese,
+    is_context_too_long,
 )
 from .registry import Registry
 from .tokens import aload_encoding, encoding_name, estimate_msg_tokens, estimate_text_tokens, load_encoding
@@ -43,5 +44,6 @@ __all__ = [
     "estimate_msg_tokens",
     "estimate_text_tokens",
     "in_chinese",
+    "is_context_too_long",
     "load_encoding",
 ]

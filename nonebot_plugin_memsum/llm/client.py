@@ -60,6 +60,7 @@ from .errors import (
     LLMStatusError,
     LLMStreamCut,
     LLMTimeout,
+    is_context_too_long,
     status_error,
 )
 from .reasoning import split_think
@@ -130,6 +131,8 @@ class RetryPolicy:
         if isinstance(err, LLMConnectError):
             return True
         if isinstance(err, LLMStatusError):
+            if is_context_too_long(err.status, str(err)):
+                return False  # the same request gets the same answer (a 5xx from a self-hosted server)
             return err.status in self.statuses or err.status >= 500
         return False
 
@@ -522,6 +525,8 @@ def _error_text(body: bytes) -> str:
             return error["message"] + _upstream(error.get("metadata"))
         if isinstance(error, str):
             return error
+        if isinstance(data.get("detail"), str):
+            return data["detail"]  # FastAPI's error shape (Xinference, LiteLLM proxies)
     return json.dumps(data, ensure_ascii=False)
 
 
