@@ -131,6 +131,8 @@ GLM_USAGE = {"prompt_tokens": 40, "completion_tokens": 12, "total_tokens": 52}
 # context limit: 196395 + 64000 > 204698, decrease input length or `max_tokens` and try again"
 # (RooCodeInc/Roo-Code#3713, stackblitz/bolt.new#8383).
 # MiniMax: earendil-works/pi#6061 ("invalid params, context window exceeds limit (2013)").
+# Baidu Qianfan: "prompt tokens too long" (PaddlePaddle/ERNIE-SDK#336, the ERNIE models' 400), here in
+# the v2 endpoint's OpenAI error shape (qianfan.baidubce.com/v2: {"error": {code, message, type}, "id"}).
 # Gemini's OpenAI endpoint answers errors as a JSON array of one error (FuzzAnything/PromptFuzz#42,
 # SuzumiyaAkizuki/ComfyUI-NewBie-LLM-Formatter#3); its message as arkavo-org/arkavo-edge#371 quotes it.
 CONTEXT_ERRORS: dict[str, Any] = {
@@ -151,6 +153,14 @@ CONTEXT_ERRORS: dict[str, Any] = {
             "message": "input length and `max_tokens` exceed context limit: 5217 + 1600 > 6000, decrease"
             " input length or `max_tokens` and try again",
         },
+    },
+    "qianfan-v2": {
+        "error": {
+            "code": "invalid_argument",
+            "message": "prompt tokens too long",
+            "type": "invalid_request_error",
+        },
+        "id": "as-bcmt5ct4td",
     },
     "minimax-2013": {
         "error": {

@@ -57,7 +57,8 @@ if TYPE_CHECKING:
 # Said with HTTP 500 by self-hosted servers: llama.cpp's server between PR #15780 and PR #16486
 # (exceed_context_size_error, code 500) and, still, "Context size has been exceeded." (ggml-org/
 # llama.cpp#19774, also LM Studio's MLX engine), Xinference serving vLLM (FastAPI's {"detail": …},
-# langchain-ai/deepagents#468).
+# langchain-ai/deepagents#468). Baidu Qianfan's ERNIE models: "prompt tokens too long"
+# (PaddlePaddle/ERNIE-SDK#336).
 _CONTEXT_TOO_LONG = re.compile(
     r"context_length_exceeded|maximum context length|context length exceeded|exceed_context_size"
     r"|exceeds the available context size|input length exceeds the context length"
@@ -65,7 +66,8 @@ _CONTEXT_TOO_LONG = re.compile(
     r"|exceeded model token limit|model max length exceeded|must be less than (?:or equal to )?max_seq_len"
     r"|longer than the maximum model length|longer than the model's context length"
     r"|exceeds the maximum number of tokens allowed|prompt exceeds max length|maximum prompt length"
-    r"|exceeded max_prompt_tokens|exceed context limit|context size has been exceeded",
+    r"|exceeded max_prompt_tokens|exceed context limit|context size has been exceeded"
+    r"|prompt tokens too long",
     re.IGNORECASE,
 )
 
