@@ -865,3 +865,27 @@ async def test_a_plain_500_is_still_retried(client: LLMClient, llm: ScriptedLLM,
     )
     assert (await client.chat(model, MESSAGES, purpose="对话")).content == "好的"
     assert len(llm.requests) == 2
+
+
+# ---- xAI names a refused parameter in camelCase --------------------------------------------------
+# BerriAI/litellm#16265 (HTTP 400, {"code":"Client specified an invalid argument","error":"Model
+# grok-4-latest does not support parameter reasoningEffort."}); chenyme/grok2api#814 (the same with
+# "code":"invalid-argument"); only some Grok models take `reasoning_effort` (hermes-agent#23435).
+async def test_xai_refusing_reasoning_effort_in_camel_case_is_asked_again_without_it(
+    client: LLMClient, llm: ScriptedLLM
+) -> None:
+    # Before: not known as a refused parameter: every summary of a Grok 4 model configured with
+    # thinking_levels failed, and compression backed off for good.
+    model = ModelConfig(**llm.model_config("xai/grok-4", thinking_levels=["low", "high"]))
+    refused = {
+        "code": "Client specified an invalid argument",
+        "error": "Model grok-4-latest does not support parameter reasoningEffort.",
+    }
+    llm.push(Reply(status=400, raw=json.dumps(refused)), Reply("【最近在聊什么】\n周末爬山"))
+    with captured("WARNING") as lines:
+        result = await client.chat(model, MESSAGES, purpose="摘要", reasoning_effort="low")
+    assert result.content.startswith("【最近在聊什么】")
+    assert [("reasoning_effort" in r) for r in llm.requests] == [True, False]
+    assert any("does not accept `reasoning_effort`" in line for line in lines)
+    await client.chat(model, MESSAGES, purpose="摘要", reasoning_effort="low")
+    assert "reasoning_effort" not in llm.requests[-1]  # remembered

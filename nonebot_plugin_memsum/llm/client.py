@@ -471,13 +471,21 @@ _REFUSAL = re.compile(
 def refused_parameter(body: Mapping[str, Any], error: str) -> str | None:
     """The optional parameter of `body` that a 400 error text says the provider does not accept.
 
-    The text must name it and say it is not accepted: "Invalid max_tokens value, the valid
-    range is [1, 8192]" is about the value, and leaving the cap out would not be a fix.
+    The text must name it (also in camelCase, as xAI does) and say it is not accepted: "Invalid
+    max_tokens value, the valid range is [1, 8192]" is about the value, and leaving the cap out
+    would not be a fix.
     """
     if not _REFUSAL.search(error):
         return None
-    named = [p for p in _OPTIONAL if p in body and re.search(rf"\b{p}\b", error)]
+    named = [p for p in _OPTIONAL if p in body and re.search(rf"\b(?:{p}|{_camel(p)})\b", error)]
     return named[0] if named else None  # several: one now, the next on the next answer
+
+
+def _camel(param: str) -> str:
+    """`reasoning_effort` as xAI names it in its refusals: `reasoningEffort` ("Model grok-4-latest
+    does not support parameter reasoningEffort.", BerriAI/litellm#16265)."""
+    head, *rest = param.split("_")
+    return head + "".join(word.title() for word in rest)
 
 
 _REASONING_BACK = re.compile(r"reasoning_content\W.*\bpassed back\b", re.IGNORECASE | re.DOTALL)
