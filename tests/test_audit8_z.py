@@ -36,8 +36,11 @@ from nonebot_plugin_memsum.llm.errors import (
 from nonebot_plugin_memsum.runtime import Runtime
 from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE
 from nonebot_plugin_memsum.types import Message, SessionRecord
+from tests.fakes.botproc import BotProcess
+from tests.fakes.e2e import connected, wait_log
 from tests.fakes.llm_server import API_KEY, Reply, ScriptedLLM
 from tests.fakes.logs import captured
+from tests.fakes.onebot import SEND_ACTIONS
 from tests.fakes.service import GROUP as SERVICE_GROUP
 from tests.fakes.service import Make, seed
 from tests.test_compression_service_request import literal_fit
@@ -889,3 +892,32 @@ async def test_xai_refusing_reasoning_effort_in_camel_case_is_asked_again_withou
     assert any("does not accept `reasoning_effort`" in line for line in lines)
     await client.chat(model, MESSAGES, purpose="摘要", reasoning_effort="low")
     assert "reasoning_effort" not in llm.requests[-1]  # remembered
+
+
+# ---- the whole bot: an Azure deployment from .env, a filtered reply, over the real WebSocket ---------
+@pytest.mark.e2e
+async def test_bot_with_an_azure_deployment_answers_and_keeps_a_filtered_reply_out_of_qq(
+    llm: ScriptedLLM, tmp_path: Path
+) -> None:
+    origin = llm.base_url.removesuffix("/v1")
+    model = llm.model_config(
+        "azure/gpt-4o-mini",
+        base_url=f"{origin}/openai/deployments/gpt-4o-mini?api-version=2024-10-21",
+        api_key_header="api-key",
+    )
+    llm.push(Reply("八点开黑。"), Reply(raw=AZURE_FILTERED))
+    env = {"MEMSUM_MODELS": json.dumps([model])}
+    async with BotProcess(tmp_path, env=env, log_level="INFO") as bot, connected(bot) as sim:
+        await sim.group_message(7, 12345, "小记 今晚几点？")
+        await sim.wait_call(set(SEND_ACTIONS))
+        before = len(sim.calls)
+        await sim.group_message(7, 12345, "小记 那天到底发生了什么？")
+        await sim.wait_call(set(SEND_ACTIONS), after=before)
+        texts = sim.sent_texts()
+        log = await wait_log(bot, "content_filter")
+    assert texts == ["八点开黑。", APOLOGY]
+    assert set(llm.request_paths) == {
+        "/openai/deployments/gpt-4o-mini/chat/completions?api-version=2024-10-21"
+    }
+    assert all(h.get("api-key") == API_KEY and "authorization" not in h for h in llm.request_headers)
+    assert API_KEY not in log
