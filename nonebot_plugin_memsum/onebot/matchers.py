@@ -100,8 +100,11 @@ async def answer_if_allowed(
     await rt.compression.judge_recorded(record.id, entry_of(record))
 
 
-def _asks(event: GroupMessageEvent | PrivateMessageEvent) -> bool:
-    return isinstance(event, PrivateMessageEvent) or event.is_tome()
+def _asks(bot: Bot, event: GroupMessageEvent | PrivateMessageEvent) -> bool:
+    """A private message, or one addressed to the bot; never one of another account of this
+    NoneBot (`recovery.another_account`: two bots must not answer each other)."""
+    addressed = isinstance(event, PrivateMessageEvent) or event.is_tome()
+    return addressed and not recovery.another_account(bot, event.user_id)
 
 
 async def tell_not_stored(bot: Bot, event: MessageEvent, record: SessionRecord) -> None:
@@ -158,7 +161,7 @@ def register_matchers(priority: int, is_command: Callable[[T_State], bool], comm
             note_refused(err, place.id, float(event.time))
             # The mode as last read: a place never read since the start may be 关, so it
             # stays quiet (a 关 group must never hear from the bot).
-            if rt.controls.last_mode(place) == "on" and _asks(event):
+            if rt.controls.last_mode(place) == "on" and _asks(bot, event):
                 await tell_not_stored(bot, event, place)
             return
         if mode == "off":
@@ -166,7 +169,7 @@ def register_matchers(priority: int, is_command: Callable[[T_State], bool], comm
             logger.debug(f"memsum: not recording a message of {place.id}: mode off")
             return
         await fill_forgotten_quote(bot, event)
-        asks = mode == "on" and _asks(event)
+        asks = mode == "on" and _asks(bot, event)
         try:
             record, msg = await record_message(bot, event, rt.onebot.arrivals.of(event), addressed=asks)
         except StoreError:  # refused (a full disk, the server gone): in the log already

@@ -193,6 +193,16 @@ def addresses_bot(event: MessageEvent, self_id: str, nicknames: Iterable[str]) -
     return any(nick and text.startswith(nick) for nick in nicknames)
 
 
+def another_account(bot: Bot, user_id: int | str) -> bool:
+    """Whether `user_id` is another QQ account connected to this NoneBot, now or earlier in
+    this process. What it says is recorded as a member's message, but never asks this
+    account: two accounts in one group share NICKNAME, and an answer that starts with it, or
+    quotes the other's message, would start the other's turn, whose answer quotes this
+    one's, and so on, for as long as the model is paid."""
+    uid = str(user_id)
+    return uid != bot.self_id and (uid in runtime.get().onebot.self_ids or uid in get_bots())
+
+
 def is_command(event: MessageEvent, starts: Iterable[str], names: Iterable[str]) -> bool:
     """A command of this plugin: those are answered, never stored."""
     text = event.original_message.extract_plain_text().lstrip()
@@ -203,7 +213,9 @@ def is_command(event: MessageEvent, starts: Iterable[str], names: Iterable[str])
 def account_of(bot: Bot) -> Account:
     """This connection's backfill, started on first use (the connect hook or an event that
     beat it): its messages must not be stored before what was said before them."""
-    accounts = runtime.get().onebot.accounts
+    state = runtime.get().onebot
+    state.self_ids.add(bot.self_id)
+    accounts = state.accounts
     account = accounts.get(bot.self_id)
     if account is None:
         account = accounts[bot.self_id] = Account()
@@ -444,7 +456,7 @@ async def _record_fetched(bot: Bot, event: MessageEvent) -> Message | None:
     await _resolve_reply(bot, event)
     drop_foreign_quote(bot, event)
     await fill_forgotten_quote(bot, event)
-    asks = addresses_bot(event, bot.self_id, rt.nicknames)
+    asks = addresses_bot(event, bot.self_id, rt.nicknames) and not another_account(bot, event.user_id)
     _, msg = await record_message(bot, event, addressed=asks, said_at=platform_time(event.time), fetched=True)
     return msg
 

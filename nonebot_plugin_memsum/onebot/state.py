@@ -192,4 +192,7 @@ class OneBotState:
     recording: KeyedLocks = field(default_factory=KeyedLocks)
     accounts: dict[str, Any] = field(default_factory=dict)
     """Per connected account, its backfill on connect (recovery.Account)."""
+    self_ids: set[str] = field(default_factory=set)
+    """Every account that connected to this process (as many as the owner runs): another
+    one's messages are a member's, never a question to this one (recovery.another_account)."""
     refusals: Refusals = field(default_factory=Refusals)

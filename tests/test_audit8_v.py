@@ -1,0 +1,209 @@
+"""Outside audit (audit8-v): how owners connect, and more than one bot account.
+
+Owners connect NapCat, Lagrange or LLOneBot to NoneBot in every way the OneBot v11
+adapter allows: reverse WebSocket (the quick start's), forward WebSocket
+(`ONEBOT_WS_URLS`: the bot connects to the implementation) and HTTP (events POSTed to
+/onebot/v11/http, signed with `ONEBOT_SECRET`; API calls POSTed to `ONEBOT_API_ROOTS`).
+Some run two QQ accounts on one NoneBot, both in the same group. Each scenario runs
+bot.py as a real process against the OneBot simulator (tests/fakes/onebot.py, which
+plays each mode as the OneBot v11 spec and NapCat describe it) and the scripted model
+server over real HTTP, and reads what the bot stored from its SQLite file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from tests.fakes.botproc import BotProcess
+from tests.fakes.e2e import group_sid, query, until, wait_log
+from tests.fakes.llm_server import Reply, ScriptedLLM
+from tests.fakes.onebot import SEND_ACTIONS, OneBotSim, as_segments, at, plain_text, text
+
+PERSONA = "你是审计八 v 群里的助手小记。"
+OWNER = 10001  # a SUPERUSER of BotProcess
+A_ID, B_ID = 10000, 10002
+MEMBER = 20001
+
+
+def is_chat(body: dict[str, Any]) -> bool:
+    return body["messages"][0]["content"] == PERSONA
+
+
+def chat_requests(llm: ScriptedLLM) -> list[dict[str, Any]]:
+    return [b for b in llm.requests if is_chat(b)]
+
+
+def env(llm: ScriptedLLM, **extra: str) -> dict[str, str]:
+    return {
+        "MEMSUM_MODELS": json.dumps([llm.model_config("test/model")]),
+        "MEMSUM_PERSONA": PERSONA,
+        **extra,
+    }
+
+
+async def rows(bot: BotProcess, sid: str) -> list[tuple[str, str, int]]:
+    sql = "SELECT role, content, addressed FROM messages WHERE session_id = ? ORDER BY id"
+    return [(str(r[0]), str(r[1]), int(r[2])) for r in await query(bot.db_path, sql, sid)]
+
+
+async def wait_content(
+    bot: BotProcess, sid: str, needle: str, within: float = 20
+) -> list[tuple[str, str, int]]:
+    found: list[tuple[str, str, int]] = []
+
+    async def there() -> bool:
+        found[:] = await rows(bot, sid)
+        return any(needle in content for _, content, _ in found)
+
+    await until(there, f"{needle!r} stored in {sid}", within)
+    return found
+
+
+def sends(sim: OneBotSim, after: int = 0) -> list[str]:
+    return [plain_text(c.params.get("message")) for c in sim.calls[after:] if c.action in SEND_ACTIONS]
+
+
+# ---- one QQ group seen by two accounts --------------------------------------------------
+class SharedGroup:
+    """One QQ group both accounts are in: what one account sends, the other receives as a
+    member's message (with the same message id: the simulators share one id counter, as
+    go-cqhttp's global ids do), and a message said while an account is away is kept for its
+    history actions. At most `relays` messages are passed on, so a loop ends."""
+
+    def __init__(self, group: int, sims: list[OneBotSim], relays: int = 8) -> None:
+        self.group = group
+        self.sims = sims
+        self.relays = relays
+        self.relayed = 0
+        self._tasks: set[asyncio.Task[int]] = set()
+        for sim in sims[1:]:
+            sim._ids = sims[0]._ids
+        for sim in sims:
+            for other in sims:
+                other.add_member(group, sim.self_id, sim.nickname)
+            self._wrap(sim)
+
+    def _wrap(self, sim: OneBotSim) -> None:
+        send = sim.responders["send_msg"]
+        send_group = sim.responders["send_group_msg"]
+
+        def relay(params: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+            if str(params.get("group_id")) == str(self.group) and self.relayed < self.relays:
+                self.relayed += 1
+                segments = as_segments(params.get("message", ""))
+                for other in self.sims:
+                    if other is not sim:
+                        task = asyncio.ensure_future(
+                            other.group_message(
+                                self.group, sim.self_id, segments, message_id=int(answer["message_id"])
+                            )
+                        )
+                        self._tasks.add(task)
+                        task.add_done_callback(self._tasks.discard)
+            return answer
+
+        sim.responders["send_msg"] = lambda p: relay(p, send(p))
+        sim.responders["send_group_msg"] = lambda p: relay(p, send_group(p))
+
+    async def say(self, user: int, message: str | list[dict[str, Any]], *, nickname: str = "") -> int:
+        """A member says something: every account receives it, under one message id."""
+        first, *others = self.sims
+        mid = await first.group_message(self.group, user, message, nickname=nickname)
+        for sim in others:
+            await sim.group_message(self.group, user, message, nickname=nickname, message_id=mid)
+        return mid
+
+
+@pytest.fixture(scope="module")
+async def two_bot(tmp_path_factory: pytest.TempPathFactory, llm: ScriptedLLM) -> AsyncIterator[BotProcess]:
+    async with BotProcess(tmp_path_factory.mktemp("audit8v-two"), env=env(llm)) as proc:
+        yield proc
+
+
+@pytest.fixture
+async def accounts(two_bot: BotProcess, llm: ScriptedLLM) -> AsyncIterator[tuple[OneBotSim, OneBotSim]]:
+    """Accounts A (10000) and B (10002) connected to the one bot.py at once."""
+    llm.reset()
+    a = OneBotSim(two_bot.ws_url, self_id=A_ID, access_token=two_bot.access_token, nickname="小记甲")
+    b = OneBotSim(two_bot.ws_url, self_id=B_ID, access_token=two_bot.access_token, nickname="小记乙")
+    async with a, b:
+        await wait_log(two_bot, f"Bot {A_ID} connected")
+        await wait_log(two_bot, f"Bot {B_ID} connected")
+        yield a, b
+    await until(lambda: _gone(two_bot), "both accounts disconnected")
+
+
+async def _gone(bot: BotProcess) -> bool:
+    log = bot.log()
+    return all(
+        log.count(f"WebSocket for Bot {i} closed") >= log.count(f"Bot {i} connected") for i in (A_ID, B_ID)
+    )
+
+
+# The two accounts share NoneBot's NICKNAME (one .env), and a persona that names the bot
+# makes the model start answers with that name, which the other account's adapter reads as
+# a call by nickname (nonebot-adapter-onebot v11/bot.py `_check_nickname`). If it answered,
+# its answer quotes A's message, which A's adapter reads as a reply to itself
+# (`_check_reply`), and so on: two bots talking to each other for as long as the model is paid.
+async def test_an_answer_of_one_account_never_starts_a_turn_of_the_other(
+    two_bot: BotProcess, llm: ScriptedLLM, accounts: tuple[OneBotSim, OneBotSim]
+) -> None:
+    a, b = accounts
+    group = 88001
+    shared = SharedGroup(group, [a, b])
+    llm.on_request(lambda body: Reply("小记在呢，有什么事？") if is_chat(body) else None)
+    await shared.say(MEMBER, [at(A_ID), text(" 你好")], nickname="甲")
+    await a.wait_call(set(SEND_ACTIONS))
+    stored_b = await wait_content(two_bot, group_sid(group, B_ID), "小记在呢")
+    await asyncio.sleep(1.5)  # room for B's turn and A's answer to it, had they started
+    assert len(chat_requests(llm)) == 1
+    assert sends(b) == []
+    assert shared.relayed == 1
+    # To B, A's answer is a member's message: stored, not a question to answer later either.
+    assert [(role, addressed) for role, c, addressed in stored_b if "小记在呢" in c] == [("user", 0)]
+    assert any(c.startswith("[小记甲(10000)]") for _, c, _ in stored_b)
+    # Each account has its own memory of the group: A's answer is A's own (assistant).
+    stored_a = await rows(two_bot, group_sid(group, A_ID))
+    assert [r for r, c, _ in stored_a if "小记在呢" in c] == ["assistant"]
+
+
+# While B is away (NapCat of B restarting), A answers a member with a nickname-first
+# answer. When B comes back, its backfill (get_group_msg_history) stores what it missed,
+# A's answer among it: a member's message to B, not a question left unanswered
+# (MEMSUM_RESUME_WINDOW would otherwise answer it, and A would answer that). A's session
+# and A's connection see nothing of B's reconnect.
+async def test_one_account_reconnecting_backfills_its_own_session_only_and_answers_no_other_account(
+    two_bot: BotProcess, llm: ScriptedLLM, accounts: tuple[OneBotSim, OneBotSim]
+) -> None:
+    a, b = accounts
+    group = 88002
+    shared = SharedGroup(group, [a, b])
+    llm.on_request(lambda body: Reply("小记在呢，你说。") if is_chat(body) else None)
+    await shared.say(MEMBER, "大家早上好", nickname="甲")
+    await wait_content(two_bot, group_sid(group, B_ID), "大家早上好")
+    await b.close()
+    await wait_log(two_bot, f"WebSocket for Bot {B_ID} closed")
+    await shared.say(MEMBER, [at(A_ID), text(" 在吗")], nickname="甲")  # said while B is away
+    await a.wait_call(set(SEND_ACTIONS))
+    before_a = await rows(two_bot, group_sid(group, A_ID))
+    a_calls = len(a.calls)
+    await b.connect()
+    await wait_log(two_bot, f"backfill of {B_ID}:")
+    stored_b = await wait_content(two_bot, group_sid(group, B_ID), "小记在呢")
+    await asyncio.sleep(1.5)  # room for a resumed turn of B, had one started
+    assert [c for _, c, _ in stored_b] == [
+        "[甲(20001)] 大家早上好",
+        "[甲(20001)] @小记甲(10000) 在吗",  # to B, A is a member, named as the group names it
+        f"[小记甲({A_ID})] [回复 甲(20001)：@小记甲(10000) 在吗] 小记在呢，你说。",
+    ]
+    assert [addressed for *_, addressed in stored_b] == [0, 0, 0]
+    assert sends(b) == []
+    assert len(chat_requests(llm)) == 1
+    # A: untouched by B's reconnect, asked for no history.
+    assert await rows(two_bot, group_sid(group, A_ID)) == before_a
+    assert [c.action for c in a.calls[a_calls:] if "history" in c.action] == []
