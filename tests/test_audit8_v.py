@@ -15,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.fakes.botproc import BotProcess
+from tests.fakes.botproc import BotProcess, free_port
 from tests.fakes.e2e import group_sid, query, until, wait_log
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.onebot import SEND_ACTIONS, OneBotSim, as_segments, at, plain_text, text
@@ -207,3 +208,184 @@ async def test_one_account_reconnecting_backfills_its_own_session_only_and_answe
     # A: untouched by B's reconnect, asked for no history.
     assert await rows(two_bot, group_sid(group, A_ID)) == before_a
     assert [c.action for c in a.calls[a_calls:] if "history" in c.action] == []
+
+
+# ---- forward WebSocket: the bot connects to the implementation ---------------------------
+TOKEN = "audit8v-secret-token-Zq81"
+
+
+def forward_env(llm: ScriptedLLM, port: int) -> dict[str, str]:
+    # NoneBot needs a WebSocket client driver beside the server for ONEBOT_WS_URLS
+    # (nonebot-adapter-onebot v11/adapter.py `_setup`: without one it logs "does not support
+    # websocket client connections! Ignored" and never connects).
+    return env(
+        llm,
+        DRIVER="~fastapi+~websockets",
+        ONEBOT_WS_URLS=json.dumps([f"ws://127.0.0.1:{port}"]),
+        LOG_LEVEL="INFO",
+    )
+
+
+async def test_forward_websocket_records_answers_runs_commands_and_backfills_after_a_restart(
+    tmp_path: Path, llm: ScriptedLLM
+) -> None:
+    llm.reset()
+    llm.on_request(lambda body: Reply("周六见") if is_chat(body) else None)
+    group = 88101
+    port = free_port()
+    sim = OneBotSim("", self_id=A_ID, access_token=TOKEN)
+    await sim.serve_forward(port)
+    bot = BotProcess(tmp_path, env=forward_env(llm, port), access_token=TOKEN)
+    try:
+        await bot.start()
+        await asyncio.wait_for(sim.connected.wait(), 20)
+        await wait_log(bot, f"Bot {A_ID} connected")
+        assert sim.auth_seen == [f"Bearer {TOKEN}"]
+        await sim.group_message(group, MEMBER, "周六去爬山吗", nickname="甲")
+        mark = len(sim.calls)
+        await sim.group_message(group, MEMBER, [at(A_ID), text(" 几点集合")], nickname="甲")
+        answer = await sim.wait_call(set(SEND_ACTIONS), after=mark)
+        assert plain_text(answer.params["message"]) == "周六见"
+        mark = len(sim.calls)
+        await sim.group_message(group, OWNER, "/摘要", nickname="主人")
+        summary = await sim.wait_call(set(SEND_ACTIONS), after=mark)
+        assert "本会话还没有摘要" in plain_text(summary.params["message"])
+
+        # The implementation restarts: what is said meanwhile is fetched once the bot is back
+        # (the adapter reconnects every 3 s: RECONNECT_INTERVAL).
+        await sim.drop_forward()
+        await sim.group_message(group, MEMBER, "山脚下有停车场", nickname="甲")
+        await asyncio.wait_for(sim.connected.wait(), 20)
+        await wait_log(bot, f"backfill of {A_ID}: 1 messages")
+        stored = await wait_content(bot, group_sid(group), "停车场")
+        assert [(r, c) for r, c, _ in stored] == [
+            ("user", "[甲(20001)] 周六去爬山吗"),
+            ("user", "[甲(20001)] @小记(10000) 几点集合"),
+            ("assistant", "周六见"),
+            ("user", "[甲(20001)] 山脚下有停车场"),
+        ]
+        assert sim.auth_seen == [f"Bearer {TOKEN}"] * 2
+        assert TOKEN not in bot.log(all_runs=True)
+    finally:
+        await bot.stop()
+        await sim.close()
+
+
+async def test_forward_websocket_with_the_wrong_token_never_connects_and_says_why(
+    tmp_path: Path, llm: ScriptedLLM
+) -> None:
+    port = free_port()
+    sim = OneBotSim("", self_id=A_ID, access_token="the-implementations-token")
+    await sim.serve_forward(port)
+    bot = BotProcess(tmp_path, env=forward_env(llm, port), access_token=TOKEN)
+    try:
+        await bot.start()
+        await until(lambda: _async(len(sim.auth_seen) >= 1), "the bot tried to connect")
+        log = await wait_log(bot, "Error while setup websocket")
+        assert not sim.connected.is_set()
+        assert f"Bot {A_ID} connected" not in log
+        assert TOKEN not in bot.log(all_runs=True)
+    finally:
+        await bot.stop()
+        await sim.close()
+
+
+async def _async(value: bool) -> bool:
+    return value
+
+
+# ---- HTTP: events POSTed to the bot, API calls POSTed to the implementation ---------------
+SECRET = "audit8v-hmac-secret-77Qx"
+HEARTBEAT = {
+    # NapCat's HTTP client posts one every `heartInterval` ms (OneBot v11 event/meta.md).
+    "post_type": "meta_event",
+    "meta_event_type": "heartbeat",
+    "status": {"online": True, "good": True},
+    "interval": 30000,
+}
+
+
+def http_env(llm: ScriptedLLM, api_port: int) -> dict[str, str]:
+    # An HTTP client driver beside the server, or every API call raises ApiNotAvailable
+    # (nonebot-adapter-onebot v11/adapter.py `_call_api`).
+    return env(
+        llm,
+        DRIVER="~fastapi+~httpx",
+        ONEBOT_API_ROOTS=json.dumps({str(A_ID): f"http://127.0.0.1:{api_port}"}),
+        ONEBOT_SECRET=SECRET,
+        LOG_LEVEL="INFO",
+    )
+
+
+async def test_http_post_with_a_secret_records_answers_runs_commands_and_backfills_after_a_restart(
+    tmp_path: Path, llm: ScriptedLLM
+) -> None:
+    llm.reset()
+    llm.on_request(lambda body: Reply("三点集合") if is_chat(body) else None)
+    group = 88201
+    api_port = free_port()
+    sim = OneBotSim("", self_id=A_ID, access_token=TOKEN)
+    await sim.serve_http(api_port)
+    bot = BotProcess(tmp_path, env=http_env(llm, api_port), access_token=TOKEN)
+    try:
+        await bot.start()
+        sim.post_events_to(f"http://127.0.0.1:{bot.port}/onebot/v11/http", secret=SECRET)
+        await sim.send_event(HEARTBEAT)
+        assert sim.last_post_status == 204
+        await wait_log(bot, f"Bot {A_ID} connected")
+        await sim.group_message(group, MEMBER, "周六去爬山吗", nickname="甲")
+        await sim.group_message(group, MEMBER, [at(A_ID), text(" 几点集合")], nickname="甲")
+        answer = await sim.wait_call(set(SEND_ACTIONS))
+        assert plain_text(answer.params["message"]) == "三点集合"
+        mark = len(sim.calls)
+        await sim.group_message(group, OWNER, "/摘要", nickname="主人")
+        summary = await sim.wait_call(set(SEND_ACTIONS), after=mark)
+        assert "本会话还没有摘要" in plain_text(summary.params["message"])
+        assert set(sim.auth_seen) == {f"Bearer {TOKEN}"}
+
+        # bot.py restarts; what is said meanwhile is fetched when the first event after it
+        # (a heartbeat) connects the account again, before the next live message.
+        await bot.restart()
+        await sim.group_message(group, MEMBER, "山脚下有停车场", nickname="甲")  # not delivered
+        await sim.send_event(HEARTBEAT)
+        await sim.group_message(group, MEMBER, "那就三点", nickname="甲")
+        await wait_log(bot, f"backfill of {A_ID}:")  # the live one may be fetched too: stored once
+        stored = await wait_content(bot, group_sid(group), "那就三点")
+        assert [(r, c) for r, c, _ in stored] == [
+            ("user", "[甲(20001)] 周六去爬山吗"),
+            ("user", "[甲(20001)] @小记(10000) 几点集合"),
+            ("assistant", "三点集合"),
+            ("user", "[甲(20001)] 山脚下有停车场"),
+            ("user", "[甲(20001)] 那就三点"),
+        ]
+        assert TOKEN not in bot.log(all_runs=True)
+        assert SECRET not in bot.log(all_runs=True)
+    finally:
+        await bot.stop()
+        await sim.close()
+
+
+@pytest.mark.parametrize(("secret", "status"), [(None, 401), ("a-forged-secret", 403)])
+async def test_http_post_events_without_the_right_signature_are_refused_and_not_recorded(
+    tmp_path: Path, llm: ScriptedLLM, secret: str | None, status: int
+) -> None:
+    llm.reset()
+    group = 88202
+    api_port = free_port()
+    sim = OneBotSim("", self_id=A_ID, access_token=TOKEN)
+    await sim.serve_http(api_port)
+    bot = BotProcess(tmp_path, env=http_env(llm, api_port), access_token=TOKEN)
+    try:
+        await bot.start()
+        sim.post_events_to(f"http://127.0.0.1:{bot.port}/onebot/v11/http", secret=secret)
+        await sim.group_message(group, OWNER, "/记忆模式 关", nickname="冒充的主人")
+        await sim.group_message(group, MEMBER, [at(A_ID), text(" 你好")], nickname="甲")
+        assert sim.last_post_status == status
+        await asyncio.sleep(1)
+        assert await rows(bot, group_sid(group)) == []
+        assert sim.calls == []
+        assert chat_requests(llm) == []
+        assert f"Bot {A_ID} connected" not in bot.log()
+    finally:
+        await bot.stop()
+        await sim.close()

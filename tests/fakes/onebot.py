@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import inspect
 import itertools
 import json
@@ -24,8 +26,14 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Self
 
+import httpx
+import uvicorn
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed, InvalidMessage, InvalidStatus
+from websockets.http11 import Request as WsRequest
+from websockets.http11 import Response as WsResponse
 
 Segment = dict[str, Any]
 Responder = Callable[[dict[str, Any]], Any]
@@ -238,8 +246,17 @@ class OneBotSim:
         }
         self.disconnected = asyncio.Event()
         self._ids = itertools.count(1001)
-        self._ws: ClientConnection | None = None
+        self._ws: ClientConnection | ServerConnection | None = None
         self._receiver: asyncio.Task[None] | None = None
+        self._server: Server | None = None
+        self._http_server: uvicorn.Server | None = None
+        self._http_task: asyncio.Task[None] | None = None
+        self._post: tuple[httpx.AsyncClient, str, str | None] | None = None
+        """HTTP POST mode: the client, the bot's event URL and the HMAC secret (None: unsigned)."""
+        self.connected = asyncio.Event()
+        """Set while a forward-WebSocket connection from the bot is open."""
+        self.auth_seen: list[str | None] = []
+        """The Authorization header of every forward-WebSocket handshake and HTTP API call."""
         self._handlers: set[asyncio.Task[None]] = set()
         self._waiters: list[_Waiter] = []
 
@@ -277,6 +294,17 @@ class OneBotSim:
         ws, self._ws = self._ws, None
         if ws is not None:
             await ws.close()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        if self._http_server is not None and self._http_task is not None:
+            self._http_server.should_exit = True
+            await self._http_task
+            self._http_server = self._http_task = None
+        if self._post is not None:
+            await self._post[0].aclose()
+            self._post = None
         if self._receiver is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._receiver
@@ -292,7 +320,7 @@ class OneBotSim:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _receive(self, ws: ClientConnection) -> None:
+    async def _receive(self, ws: ClientConnection | ServerConnection) -> None:
         try:
             async for raw in ws:
                 data = json.loads(raw)
@@ -307,7 +335,13 @@ class OneBotSim:
                 self._ws = None
             self.disconnected.set()
 
-    async def _answer(self, ws: ClientConnection, request: dict[str, Any]) -> None:
+    async def _answer(self, ws: ClientConnection | ServerConnection, request: dict[str, Any]) -> None:
+        reply_ = await self._reply(request)
+        with contextlib.suppress(ConnectionClosed):
+            await ws.send(json.dumps(reply_, ensure_ascii=False))
+
+    async def _reply(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The answer to one API call (`action`, `params`, `echo`), however it came."""
         action = str(request["action"])
         params = request.get("params") or {}
         call = ApiCall(action, params, request.get("echo"), time.time())
@@ -331,18 +365,141 @@ class OneBotSim:
                 reply_ = _failed(RETCODE_INTERNAL, f"responder for {action} raised {err!r}")
         if "echo" in request:
             reply_["echo"] = request["echo"]
-        with contextlib.suppress(ConnectionClosed):
-            await ws.send(json.dumps(reply_, ensure_ascii=False))
+        return reply_
+
+    # --- the other connection modes ----------------------------------------------------
+    # Forward WebSocket: the implementation listens and the bot connects (NoneBot's
+    # ONEBOT_WS_URLS; NapCat's "WebSocket 服务器" / websocketServers, Lagrange's
+    # "ForwardWebSocket"). The OneBot v11 spec (botuniverse/onebot-11
+    # communication/ws.md): the client sends `Authorization: Bearer <access_token>` and a
+    # wrong or missing token is refused with 401 (missing) / 403 (wrong) at the handshake.
+    # nonebot-adapter-onebot (v11/adapter.py `_forward_ws`) creates the bot only from a
+    # `meta_event` lifecycle `connect` carrying `self_id`, which NapCat
+    # (src/onebot/network/websocket-server.ts) and Lagrange send on every new connection.
+    async def serve_forward(self, port: int) -> None:
+        """Listen on 127.0.0.1:`port` as a forward-WebSocket implementation, one connection at a time."""
+
+        def check(_: ServerConnection, request: WsRequest) -> WsResponse | None:
+            auth = request.headers.get("Authorization")
+            self.auth_seen.append(auth)
+            if self.access_token is None or auth == f"Bearer {self.access_token}":
+                return None
+            status = 401 if auth is None else 403
+            return WsResponse(status, "Unauthorized", Headers(), b"token refused\n")
+
+        async def handler(conn: ServerConnection) -> None:
+            if self._ws is not None:
+                await conn.close(1008, "one connection at a time")
+                return
+            self._ws = conn
+            self.disconnected.clear()
+            self._receiver = asyncio.create_task(self._receive(conn))
+            await self.send_event(
+                {"post_type": "meta_event", "meta_event_type": "lifecycle", "sub_type": "connect"}
+            )
+            self.connected.set()
+            await conn.wait_closed()
+            self.connected.clear()
+            if self._receiver is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._receiver
+
+        self._server = await serve(handler, "127.0.0.1", port, process_request=check, max_size=None)
+
+    async def drop_forward(self) -> None:
+        """Close the bot's forward connection (the implementation restarting); keep listening."""
+        ws = self._ws
+        if ws is not None:
+            await ws.close()
+            await asyncio.wait_for(self.disconnected.wait(), 10)
+
+    # HTTP: events POSTed to the bot's /onebot/v11/http, API calls POSTed by the bot to
+    # <api root>/<action> (NoneBot's ONEBOT_API_ROOTS). The OneBot v11 spec
+    # (communication/http-post.md, communication/http.md) and NapCat
+    # (src/onebot/network/http-client.ts: `Content-Type: application/json`, `x-self-id`,
+    # and with a token `x-signature: sha1=<HMAC-SHA1 of the raw body, keyed by it>`;
+    # src/onebot/network/http-server.ts: POST /<action> with the params as the JSON body,
+    # `Authorization: Bearer <token>` checked, the result as `{status, retcode, data}`).
+    async def serve_http(self, port: int) -> None:
+        """Answer API calls over HTTP on 127.0.0.1:`port` (the bot's ONEBOT_API_ROOTS)."""
+
+        async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            if scope["type"] != "http":
+                return
+            body = b""
+            while True:
+                chunk = await receive()
+                body += chunk.get("body", b"")
+                if not chunk.get("more_body"):
+                    break
+            headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+            auth = headers.get("authorization")
+            self.auth_seen.append(auth)
+            if self.access_token is not None and auth != f"Bearer {self.access_token}":
+                status, answer = 403, {"status": "failed", "retcode": 403, "data": None}
+            else:
+                params = json.loads(body or b"{}")
+                status, answer = (
+                    200,
+                    await self._reply({"action": scope["path"].strip("/"), "params": params}),
+                )
+            data = json.dumps(answer, ensure_ascii=False).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": status,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(data)).encode()),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": data})
+
+        server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+        )
+        self._http_server = server
+        self._http_task = asyncio.create_task(server.serve())
+        while not server.started:
+            if self._http_task.done():
+                await self._http_task
+            await asyncio.sleep(0.02)
+
+    def post_events_to(self, url: str, *, secret: str | None = None) -> None:
+        """Push every event as an HTTP POST to `url` (signed with `secret` when given)."""
+        self._post = (httpx.AsyncClient(timeout=10), url, secret)
+        self.disconnected.clear()
+
+    last_post_status: int | None = None
+
+    async def _post_event(self, body: bytes) -> None:
+        assert self._post is not None
+        client, url, secret = self._post
+        headers = {"Content-Type": "application/json", "X-Self-ID": str(self.self_id)}
+        if secret is not None:
+            headers["X-Signature"] = "sha1=" + hmac.new(secret.encode(), body, hashlib.sha1).hexdigest()
+        try:
+            response = await client.post(url, content=body, headers=headers)
+        except httpx.TransportError:
+            # The bot is not listening (restarting): NapCat logs it and the event is gone,
+            # kept only in its history. As a closed WebSocket does, for `_push_message`.
+            raise RuntimeError("not connected") from None
+        self.last_post_status = response.status_code
 
     # --- events ------------------------------------------------------------------------
 
     async def send_event(self, event: Mapping[str, Any]) -> None:
         """Push one event; `time` and `self_id` are filled in when absent."""
-        if self._ws is None:
+        if self._ws is None and self._post is None:
             raise RuntimeError("not connected")
         payload = {"time": int(time.time()), "self_id": self.self_id, **event}
         if payload.get("post_type") == "message" and "message_id" in payload:
             self._remember(payload)  # so `get_msg` finds it, as the implementations do
+        if self._post is not None:
+            await self._post_event(json.dumps(payload, ensure_ascii=False).encode())
+            return
+        assert self._ws is not None
         await self._ws.send(json.dumps(payload, ensure_ascii=False))
 
     async def send_raw(self, payload: Mapping[str, Any]) -> None:
