@@ -7,8 +7,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from nonebot import get_driver, on_message, on_notice
+from nonebot import get_adapters, get_driver, on_message, on_notice
 from nonebot.adapters.onebot.v11 import (
+    Adapter,
     Bot,
     Event,
     GroupMessageEvent,
@@ -16,6 +17,7 @@ from nonebot.adapters.onebot.v11 import (
     NoticeEvent,
     PrivateMessageEvent,
 )
+from nonebot.drivers import HTTPClientMixin, WebSocketClientMixin
 from nonebot.log import logger
 from nonebot.message import event_preprocessor
 from nonebot.params import Depends
@@ -120,6 +122,40 @@ async def tell_not_stored(bot: Bot, event: MessageEvent, record: SessionRecord) 
         logger.warning(f"memsum: could not tell {record.id} that its question was not stored: {err!r}")
 
 
+def unanswerable(bot: Bot) -> str | None:
+    """Why an account that posts its events over HTTP (no WebSocket of its own) cannot be
+    answered, in the `.env` words that fix it; None when it can. nonebot-adapter-onebot
+    calls its API over HTTP only with an HTTP client driver and an ONEBOT_API_ROOTS entry
+    for the account; otherwise every send fails, and the log says little of why."""
+    adapter = bot.adapter
+    if not isinstance(adapter, Adapter) or bot.self_id in adapter.connections:
+        return None
+    if not isinstance(adapter.driver, HTTPClientMixin):
+        return (
+            f"the driver has no HTTP client to call its API with; write DRIVER=~fastapi+~httpx"
+            f' and ONEBOT_API_ROOTS=\'{{"{bot.self_id}": "http://<its HTTP API address>"}}\''
+        )
+    if bot.self_id not in adapter.onebot_config.onebot_api_roots:
+        return (
+            f"ONEBOT_API_ROOTS has no address for it; write"
+            f' ONEBOT_API_ROOTS=\'{{"{bot.self_id}": "http://<its HTTP API address>"}}\''
+        )
+    return None
+
+
+def _check_forward_urls() -> None:
+    """ONEBOT_WS_URLS (the bot connects to the implementation) needs a WebSocket client
+    driver: without one the adapter ignores the URLs and the account never connects."""
+    driver = get_driver()
+    for adapter in get_adapters().values():
+        if isinstance(adapter, Adapter) and adapter.onebot_config.onebot_ws_urls:
+            if not isinstance(driver, WebSocketClientMixin):
+                logger.warning(
+                    "memsum: ONEBOT_WS_URLS is set but the driver cannot open WebSocket connections,"
+                    " so no account connects that way; write DRIVER=~fastapi+~websockets"
+                )
+
+
 def register_matchers(priority: int, is_command: Callable[[T_State], bool], commands: Claim) -> None:
     """Recording and chat sit below the commands, which block, so commands never get recorded.
 
@@ -130,8 +166,14 @@ def register_matchers(priority: int, is_command: Callable[[T_State], bool], comm
     notices = on_notice(priority=priority, block=False)
     driver = get_driver()
 
+    driver.on_startup(_check_forward_urls)
+
     @driver.on_bot_connect
     async def _(bot: Bot) -> None:
+        if (why := unanswerable(bot)) is not None:
+            logger.warning(
+                f"memsum: account {bot.self_id} posts its events over HTTP, but no answer can go out: {why}"
+            )
         recovery.account_of(bot)  # backfill and answer what was missed, in the background
 
     @driver.on_bot_disconnect
