@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from tests.fakes.botproc import BotProcess, free_port
-from tests.fakes.e2e import group_sid, query, until, wait_log
-from tests.fakes.llm_server import Reply, ScriptedLLM
+from tests.fakes.e2e import connected, group_sid, query, until, wait_log
+from tests.fakes.llm_server import Gate, Reply, ScriptedLLM
 from tests.fakes.onebot import SEND_ACTIONS, OneBotSim, as_segments, at, plain_text, text
 
 PERSONA = "你是审计八 v 群里的助手小记。"
@@ -443,3 +443,45 @@ async def test_forward_websocket_urls_without_a_websocket_client_driver_say_whic
     assert "ONEBOT_WS_URLS" in next(
         line for line in log.splitlines() if "DRIVER=~fastapi+~websockets" in line
     )
+
+
+# ---- a re-login on another account, on the same reverse WebSocket ------------------------
+# NapCat and Lagrange keep their network settings when the QQ account logged in changes:
+# the next connection comes to the same URL with another X-Self-ID (and events with that
+# self_id). An answer A's turn was still thinking about when A went away must wait for A
+# (it went out under A's name, quoting A's group), never go out through the new account;
+# the new account starts with no memory, backfills nothing of A's and resumes none of
+# A's questions.
+async def test_a_relogin_on_another_account_sees_nothing_of_the_old_one(
+    two_bot: BotProcess, llm: ScriptedLLM
+) -> None:
+    llm.reset()
+    group = 88301
+    gate = Gate(Reply("这是给甲的回答"), holds=is_chat)
+    llm.on_request(gate)
+    with gate:
+        async with connected(two_bot, A_ID) as old:
+            await old.group_message(group, MEMBER, "在吗", nickname="甲")
+            await old.group_message(group, MEMBER, [at(A_ID), text(" 帮我记一下暗号是青松")], nickname="甲")
+            await gate.reached()
+        await wait_log(two_bot, f"WebSocket for Bot {A_ID} closed")
+        new = OneBotSim(two_bot.ws_url, self_id=B_ID, access_token=two_bot.access_token)
+        async with new:
+            await wait_log(two_bot, f"Bot {B_ID} connected")
+            new.add_member(group, MEMBER, "甲")
+            await new.group_message(group, MEMBER, "新号你好", nickname="甲")
+            gate.open()
+            await wait_content(two_bot, group_sid(group, B_ID), "新号你好")
+            await asyncio.sleep(1.5)  # room for A's answer to go out the wrong way, had it
+            assert [c.action for c in new.calls if c.action in SEND_ACTIONS] == []
+            # B's backfill is of B's own sessions only (earlier tests of this module left some).
+            assert [
+                c.params for c in new.calls if "history" in c.action and c.params.get("group_id") == group
+            ] == []
+            assert [c for _, c, _ in await rows(two_bot, group_sid(group, B_ID))] == ["[甲(20001)] 新号你好"]
+        # A logs in again within MEMSUM_RESUME_WINDOW: its answer goes out on its own connection.
+        async with connected(two_bot, A_ID) as back:
+            sent = await back.wait_call(set(SEND_ACTIONS))
+            assert plain_text(sent.params["message"]) == "这是给甲的回答"
+            assert sent.params["group_id"] == group
+    assert len(chat_requests(llm)) == 1
