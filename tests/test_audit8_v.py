@@ -485,3 +485,50 @@ async def test_a_relogin_on_another_account_sees_nothing_of_the_old_one(
             assert plain_text(sent.params["message"]) == "这是给甲的回答"
             assert sent.params["group_id"] == group
     assert len(chat_requests(llm)) == 1
+
+
+# ---- the web page: whose memory is whose -------------------------------------------------
+# With two accounts in one group the overview had two rows reading the same group name
+# and number, nothing saying which account's memory each is (the session id, which holds
+# it, is not shown). Each row now names its account when the page lists more than one,
+# and a session's page always does.
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.mark.skipif(
+    not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (.ci/run installs it)"
+)
+async def test_the_web_page_tells_the_two_accounts_sessions_of_one_group_apart(tmp_path: Path) -> None:
+    from playwright.async_api import async_playwright, expect
+
+    from nonebot_plugin_memsum import clock, onebot
+    from nonebot_plugin_memsum.types import Message
+    from tests.fakes.web import GROUP, GROUP_NAME, web_env
+    from tests.fakes.web import TOKEN as WEB_TOKEN
+
+    async with web_env(tmp_path) as web:
+        other = onebot.group_record(B_ID, 123456)
+        await web.rt.agent.record(
+            other, Message(role="user", content="[成员(30001)] 另一个号也在", ts=clock.now())
+        )
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch(
+                executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"], headless=True
+            )
+            try:
+                page = await (await browser.new_context()).new_page()
+                await page.goto(web.base + "/")
+                await page.fill("#token", WEB_TOKEN)
+                await page.click("#login-form button[type=submit]")
+                rows = page.locator(".session-row", has_text=GROUP_NAME)
+                await expect(rows).to_have_count(2)
+                await expect(page.locator(f'.session-row[data-id="{GROUP.id}"]')).to_contain_text(
+                    "账号 10000"
+                )
+                await expect(page.locator(f'.session-row[data-id="{other.id}"]')).to_contain_text(
+                    "账号 10002"
+                )
+                await page.locator(f'.session-row[data-id="{other.id}"]').click()
+                await expect(page.locator("#session-title")).to_contain_text("账号 10002")
+            finally:
+                await browser.close()

@@ -58,14 +58,21 @@ def setting_input(name: str, value: float | str) -> float | str | None:
 
 
 def session_title(sid: str, record: SessionRecord | None, names: Mapping[str, str]) -> dict[str, str]:
-    """The kind of place, its number, and its name when the platform told us one."""
+    """The kind of place, its number, its name when the platform told us one, and the bot
+    account the session is of (`onebot:<account>:group:<id>`): with two QQ accounts in one
+    group, the group has a session of each, and the page must tell them apart."""
+    parts = sid.split(":")
+    account = (
+        parts[1] if len(parts) == 4 and record is not None and record.kind in ("group", "private") else ""
+    )
     if record is not None and record.kind == "group" and record.place:
         number = record.place.split(":", 1)[-1]
-        return {"kind": "群聊", "number": number, "name": names.get(record.place, "")}
+        return {"kind": "群聊", "number": number, "name": names.get(record.place, ""), "account": account}
     if record is not None and record.kind == "private" and record.peer:
-        return {"kind": "私聊", "number": record.peer, "name": names.get(f"private:{record.peer}", "")}
+        name = names.get(f"private:{record.peer}", "")
+        return {"kind": "私聊", "number": record.peer, "name": name, "account": account}
     kind = record.kind if record is not None else "internal"
-    return {"kind": "内部" if kind == "internal" else kind, "number": "", "name": sid}
+    return {"kind": "内部" if kind == "internal" else kind, "number": "", "name": sid, "account": ""}
 
 
 def summary_sections(text: str | None) -> list[dict[str, str]]:

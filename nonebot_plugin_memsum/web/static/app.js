@@ -137,13 +137,16 @@ async function overviewPage() {
     class: ["mode", "backoff"].includes(key) ? "" : "sortable", "data-key": key,
     onclick: () => { if (["mode", "backoff"].includes(key)) return; state.desc = state.sort === key ? !state.desc : true; state.sort = key; draw(); },
   }, label + (state.sort === key ? (state.desc ? " ↓" : " ↑") : ""))));
+  // Two QQ accounts in one group: a session of each, told apart by the account.
+  const manyAccounts = new Set(data.sessions.map((s) => s.account).filter(Boolean)).size > 1;
+  const subtitle = (s) => [s.name && s.number ? s.number : "", manyAccounts && s.account ? "账号 " + s.account : ""].filter(Boolean).join(" · ");
   function draw() {
     const needle = state.filter.trim().toLowerCase();
     const rows = data.sessions.filter((s) => (!state.kind || s.kind === state.kind) &&
       (!needle || `${s.name} ${s.number} ${s.id}`.toLowerCase().includes(needle)));
     rows.sort((a, b) => { const x = sortValue(a, state.sort), y = sortValue(b, state.sort); return (x < y ? -1 : x > y ? 1 : 0) * (state.desc ? -1 : 1); });
     body.replaceChildren(...rows.map((s) => el("tr", { class: "clickable session-row", "data-id": s.id, onclick: () => { location.hash = "#/s/" + encodeURIComponent(s.id); } },
-      el("td", { "data-label": "会话" }, el("div", {}, el("span", { class: "tag" }, s.kind), " ", s.name || s.number || s.id), s.name && s.number ? el("div", { class: "small muted" }, s.number) : null),
+      el("td", { "data-label": "会话" }, el("div", {}, el("span", { class: "tag" }, s.kind), " ", s.name || s.number || s.id), subtitle(s) ? el("div", { class: "small muted" }, subtitle(s)) : null),
       hasMode ? el("td", { "data-label": "模式" }, s.settings.mode ? s.settings.mode.text : "—") : null,
       el("td", { class: "num", "data-label": "活跃" }, num(s.active)),
       el("td", { class: "num", "data-label": "归档" }, num(s.archived)),
@@ -270,7 +273,8 @@ async function sessionPage(sid) {
   searchBox.append(form, el("p", { class: "muted small" }, "搜索本会话的全部消息（含已归档的和已撤回的，后者标出「已撤回」），不含清除过的；每条结果带前后各两条。"), out);
   setMain(
     el("p", {}, el("a", { href: "#/" }, "← 返回总览")),
-    el("h1", { id: "session-title" }, el("span", { class: "tag" }, d.kind), " ", d.name || d.number || d.id, d.name && d.number ? el("span", { class: "muted small" }, " " + d.number) : null),
+    el("h1", { id: "session-title" }, el("span", { class: "tag" }, d.kind), " ", d.name || d.number || d.id, d.name && d.number ? el("span", { class: "muted small" }, " " + d.number) : null,
+      d.account ? el("span", { class: "muted small" }, " · 账号 " + d.account) : null),
     el("div", { id: "flash", class: "notice", hidden: true }),
     el("div", { class: "card stats" },
       el("div", { class: "stat" }, el("span", { class: "muted small" }, "用量 / 压缩线"), gauge(d.usage_ratio, d.usage === null ? "无记录" : d.line ? `${num(d.usage)} / ${num(d.line)}` : "压缩线关")),
