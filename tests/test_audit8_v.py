@@ -211,6 +211,34 @@ async def test_one_account_reconnecting_backfills_its_own_session_only_and_answe
     assert [c.action for c in a.calls[a_calls:] if "history" in c.action] == []
 
 
+# The owner's commands in a group with both accounts: a plain one reaches both (each
+# answers for its own memory), one that @s an account only that account (nonebot-adapter-
+# onebot strips the @ of the account it is for, `_check_at_me`; to the other the message
+# starts with an @, so it is no command there, and it is recorded as what the owner said).
+async def test_a_command_at_one_account_is_that_accounts_and_a_plain_one_both_accounts(
+    two_bot: BotProcess, llm: ScriptedLLM, accounts: tuple[OneBotSim, OneBotSim]
+) -> None:
+    a, b = accounts
+    group = 88003
+    shared = SharedGroup(group, [a, b])
+    await shared.say(MEMBER, "今天开会", nickname="甲")
+    marks = len(a.calls), len(b.calls)
+    await shared.say(OWNER, "/摘要", nickname="主人")
+    for sim, mark in zip((a, b), marks, strict=True):
+        reply_ = await sim.wait_call(set(SEND_ACTIONS), after=mark)
+        assert "本会话还没有摘要" in plain_text(reply_.params["message"])
+    await until(lambda: _async(shared.relayed == 2), "both answers seen by the other account")
+    marks = len(a.calls), len(b.calls)
+    await shared.say(OWNER, [at(A_ID), text(" /摘要")], nickname="主人")
+    answer = await a.wait_call(set(SEND_ACTIONS), after=marks[0])
+    assert "本会话还没有摘要" in plain_text(answer.params["message"])
+    stored_b = await wait_content(two_bot, group_sid(group, B_ID), "/摘要")
+    await asyncio.sleep(1)
+    assert sends(b, marks[1]) == []
+    assert [c for _, c, _ in stored_b if "/摘要" in c] == ["[主人(10001)] @小记甲(10000) /摘要"]
+    assert chat_requests(llm) == []  # the other's answers to B are a member's, never questions
+
+
 # ---- forward WebSocket: the bot connects to the implementation ---------------------------
 TOKEN = "audit8v-secret-token-Zq81"
 
