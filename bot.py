@@ -6,8 +6,10 @@ plugins listed under `[tool.nonebot]` of a `pyproject.toml` in that folder (wher
 """
 
 import functools
+import hmac
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +22,10 @@ import nonebot.internal.matcher.matcher
 import nonebot.message
 from nonebot.adapters.onebot.v11 import Adapter as OneBotV11Adapter
 from nonebot.adapters.onebot.v11 import Event as OneBotV11Event
+from nonebot.adapters.onebot.v11.config import Config as OneBotV11Config
 from nonebot.adapters.onebot.v11.exception import NoLogException
 from nonebot.config import SettingsError
+from nonebot.drivers import ASGIMixin
 from nonebot.log import default_filter, default_format, logger, logger_id
 from pydantic import TypeAdapter, ValidationError
 
@@ -196,10 +200,69 @@ def _warn_open_without_token() -> None:
         )
 
 
+_EVENT_PATHS = frozenset({"/onebot/v11", "/onebot/v11/http"})
+"""Where nonebot-adapter-onebot takes events POSTed over HTTP (v11/adapter.py `_setup`)."""
+
+
+class _SignedEventsOnly:
+    """The OneBot adapter mounts its HTTP event route whatever the mode and checks only
+    ONEBOT_SECRET's signature there, never ONEBOT_ACCESS_TOKEN; an event POSTed with an
+    account's X-Self-ID is handled by that account's connected bot. With a token and no
+    secret, anyone who reaches the port could post a message "from" a SUPERUSER and run
+    the owner's commands, past the token that guards the WebSocket. Such a POST must carry
+    the token (`Authorization: Bearer …`); an implementation that posts events (HTTP mode)
+    signs them instead, with ONEBOT_SECRET set to its key. ASGI, so WebSockets and the
+    other routes pass untouched."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self._bearer = f"Bearer {token}".encode()
+        self._told = -60.0
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if (
+            scope["type"] == "http"
+            and scope.get("method") == "POST"
+            and scope["path"].rstrip("/") in _EVENT_PATHS
+        ):
+            auth = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not hmac.compare_digest(auth, self._bearer):
+                if time.monotonic() - self._told >= 60:  # one line a minute, however many come
+                    self._told = time.monotonic()
+                    logger.warning(
+                        f"bot.py: refused an event POSTed to {scope['path']}: ONEBOT_ACCESS_TOKEN is set and"
+                        " ONEBOT_SECRET is not, so an event over HTTP must carry the token; if your OneBot"
+                        " implementation posts events over HTTP, set ONEBOT_SECRET to the key it signs with"
+                    )
+                body = b"events over HTTP need ONEBOT_SECRET's signature or the access token\n"
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [
+                            (b"content-type", b"text/plain"),
+                            (b"content-length", str(len(body)).encode()),
+                        ],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
+def _guard_http_events() -> None:
+    onebot = nonebot.get_plugin_config(OneBotV11Config)
+    token = (onebot.onebot_access_token or "").strip()
+    driver = nonebot.get_driver()
+    if token and not onebot.onebot_secret and isinstance(driver, ASGIMixin):
+        driver.server_app.add_middleware(_SignedEventsOnly, token=onebot.onebot_access_token)
+
+
 level = _log_level()
 logger.remove(_handler)
 _log_to_stdout(level)
 _warn_open_without_token()
+_guard_http_events()
 if (logger.level(level).no if isinstance(level, str) else level) > logger.level("DEBUG").no:
     _quiet_per_event_lines()
 nonebot.get_driver().register_adapter(OneBotV11Adapter)
