@@ -324,6 +324,48 @@ async def _async(value: bool) -> bool:
     return value
 
 
+# Two accounts, each behind its own implementation's WebSocket server: ONEBOT_WS_URLS
+# lists both, and each connection is its own account with its own session.
+async def test_forward_websocket_to_two_implementations_gives_each_account_its_own_memory(
+    tmp_path: Path, llm: ScriptedLLM
+) -> None:
+    llm.reset()
+    llm.on_request(lambda body: Reply("收到") if is_chat(body) else None)
+    group = 88102
+    ports = free_port(), free_port()
+    sims = [OneBotSim("", self_id=i, access_token=TOKEN, nickname=f"小记{i}") for i in (A_ID, B_ID)]
+    for sim, port in zip(sims, ports, strict=True):
+        await sim.serve_forward(port)
+    settings = forward_env(llm, ports[0])
+    settings["ONEBOT_WS_URLS"] = json.dumps([f"ws://127.0.0.1:{port}" for port in ports])
+    bot = BotProcess(tmp_path, env=settings, access_token=TOKEN)
+    try:
+        await bot.start()
+        for sim in sims:
+            await asyncio.wait_for(sim.connected.wait(), 20)
+        shared = SharedGroup(group, sims)
+        await shared.say(MEMBER, [at(B_ID), text(" 记一下：周五交报告")], nickname="甲")
+        answer = await sims[1].wait_call(set(SEND_ACTIONS))
+        assert plain_text(answer.params["message"]) == "收到"
+        stored_a = await wait_content(bot, group_sid(group, A_ID), "收到")
+        stored_b = await rows(bot, group_sid(group, B_ID))
+        assert [(r, c) for r, c, _ in stored_b] == [
+            ("user", "[甲(20001)] @小记(10002) 记一下：周五交报告"),
+            ("assistant", "收到"),
+        ]
+        assert [(r, c) for r, c, _ in stored_a] == [
+            ("user", f"[甲(20001)] @小记{B_ID}({B_ID}) 记一下：周五交报告"),
+            ("user", f"[小记{B_ID}({B_ID})] [回复 甲(20001)：@小记{B_ID}({B_ID}) 记一下：周五交报告] 收到"),
+        ]
+        await asyncio.sleep(1)
+        assert len(chat_requests(llm)) == 1
+        assert sends(sims[0]) == []
+    finally:
+        await bot.stop()
+        for sim in sims:
+            await sim.close()
+
+
 # ---- HTTP: events POSTed to the bot, API calls POSTed to the implementation ---------------
 SECRET = "audit8v-hmac-secret-77Qx"
 HEARTBEAT = {
