@@ -146,7 +146,9 @@ async def test_napcat_message_sent_echo_of_the_bots_answer_is_neither_stored_aga
 ) -> None:
     """NapCat with reportSelfMessage reports each message the bot sends as `message_sent`;
     LLOneBot and older NapCat as a plain `message` whose sender is the bot. The answer is
-    stored once, as the assistant's; the echo starts no turn (not even one naming the bot)."""
+    stored once, as the assistant's; the echo starts no turn (not even one naming the bot).
+    A message of the account that is no echo (the owner typing on it, audit 8) is stored as
+    the bot's own and starts no turn either."""
     group = 73004
     question = await sim.group_message(group, 20001, [at(SELF_ID), text(" 小记你好")], nickname="甲")
     await wait_rows(bot, group_sid(group), 2)
@@ -167,12 +169,13 @@ async def test_napcat_message_sent_echo_of_the_bots_answer_is_neither_stored_aga
         }
     )
     await sim.group_message(group, 20001, "谢谢", nickname="甲")
-    stored = await wait_rows(bot, group_sid(group), 3)
+    stored = await wait_rows(bot, group_sid(group), 4)
     await asyncio.sleep(1)
     stored = await rows(bot, group_sid(group))
     assert stored == [
         ("user", f"[甲(20001)] @小记({SELF_ID}) 小记你好"),
         ("assistant", ANSWER),
+        ("assistant", f"小记 {ANSWER}"),
         ("user", "[甲(20001)] 谢谢"),
     ], question
     assert sends_to(sim, group, mark) == []

@@ -431,8 +431,9 @@ async def test_history_in_milliseconds_is_dated_in_seconds_and_recall_still_show
 # comment), NapCat's `message_sent` (reportSelfMessage; NapNeko/NapCatQQ
 # src/onebot/event/message/OB11BaseMessageEvent, post_type "message_sent") which the
 # adapter knows no model for, NapCat's `bot_offline` notice (src/onebot/event/notice/
-# BotOfflineEvent.ts: `user_id` is the bot, `tag`, `message`), a heartbeat. None is stored,
-# none opens a session of the bot with itself, and the next message is stored as ever.
+# BotOfflineEvent.ts: `user_id` is the bot, `tag`, `message`), a heartbeat. None is stored
+# but the `message_sent` (what the owner typed on the bot's account: the bot's own words since
+# audit 8), none opens a session of the bot with itself, and the next message is stored as ever.
 async def test_requests_self_reports_and_offline_notices_store_nothing_and_stop_nothing(
     bot: BotProcess, sim: OneBotSim
 ) -> None:
@@ -485,9 +486,13 @@ async def test_requests_self_reports_and_offline_notices_store_nothing_and_stop_
     for payload in noise:
         await sim.send_event(payload)
     await sim.group_message(group, 20001, "在吗")
-    stored = await wait_rows(bot, group_sid(group), 1)
+    stored = await wait_rows(bot, group_sid(group), 2)
     await asyncio.sleep(0.5)
-    assert await rows(bot, group_sid(group)) == stored == [("user", "[甲(20001)] 在吗")]
+    assert (
+        await rows(bot, group_sid(group))
+        == stored
+        == [("assistant", "从手机上发的"), ("user", "[甲(20001)] 在吗")]
+    )
     assert await rows(bot, private_sid(SELF_ID)) == []
     assert await rows(bot, private_sid(20009)) == []
     assert "Traceback" not in bot.log()

@@ -14,7 +14,8 @@ import math
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -37,6 +38,22 @@ from .tools import ToolContext, ToolRegistry
 from .wire import wire_forms
 
 ReplyFn = Callable[[str], Awaitable[None]]
+OWN_SEND: ContextVar[bool] = ContextVar("memsum_own_send", default=False)
+"""True while the plugin sends something of its own (a turn's answer through its reply
+function, whoever wrote that; the OneBot layer's replies): what the bot account says then
+is not stored as something another plugin said (onebot/said.py)."""
+
+
+@contextlib.contextmanager
+def own_send() -> Iterator[None]:
+    """What is sent inside is the plugin's own (`OWN_SEND`)."""
+    token = OWN_SEND.set(True)
+    try:
+        yield
+    finally:
+        OWN_SEND.reset(token)
+
+
 Contribution = Callable[[str], Awaitable[str | None] | str | None]
 MakeRoom = Callable[[str, "Entry", Prompt, "int | None"], Awaitable[bool]]
 """Called from inside a turn whose prompt would be hard-trimmed, with the stored id of the
@@ -596,6 +613,7 @@ async def _quietly(reply: ReplyFn, text: str) -> None:
     if not text.strip():
         return
     try:
-        await reply(text)
+        with own_send():
+            await reply(text)
     except Exception as err:
         logger.warning(f"memsum: could not send a reply: {type(err).__name__}: {err}")

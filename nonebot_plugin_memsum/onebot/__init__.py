@@ -10,6 +10,7 @@
 | `names` | names as a place sees them: cache, else the implementation's API |
 | `record` | a message or a notice recorded in arrival order (also the path for fetched history) |
 | `send` | answers: quote, merged-forward |
+| `said` | what the bot account said not through this plugin (other plugins, the owner), stored as its own |
 | `matchers` | the NoneBot matchers, their handlers and the arrival ticket |
 | `fastpath` | those handlers run without NoneBot's per-event tasks when only this plugin handles the event |
 """

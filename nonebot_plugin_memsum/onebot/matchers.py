@@ -7,7 +7,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from nonebot import get_adapters, get_driver, on_message, on_notice
+from nonebot import get_adapters, get_driver, on, on_message, on_notice
 from nonebot.adapters.onebot.v11 import (
     Adapter,
     Bot,
@@ -28,13 +28,14 @@ from nonebot_plugin_memsum.controls import CAP_NOTICE
 from nonebot_plugin_memsum.errors import StoreError
 from nonebot_plugin_memsum.types import SessionRecord
 
-from . import fastpath, recovery
+from . import fastpath, recovery, said
 from .fastpath import Claim, Route
 from .record import (
     drop_foreign_quote,
     fill_forgotten_quote,
     note_refused,
     notice_record,
+    peer_of,
     record_message,
     record_notice,
     record_of,
@@ -56,10 +57,10 @@ def _session_of(event: Event) -> str | None:
     if isinstance(event, GroupMessageEvent):
         return group_session_id(event.self_id, event.group_id)
     if isinstance(event, MessageEvent):
-        return private_session_id(event.self_id, event.user_id)
+        return private_session_id(event.self_id, peer_of(event.self_id, event) or event.user_id)
     if isinstance(event, NoticeEvent) and (where := notice_record(event.self_id, event.model_dump())):
         return where[0].id
-    return None
+    return said.message_sent_session(event)
 
 
 async def _arrival_ticket(event: Event) -> AsyncIterator[None]:
@@ -164,6 +165,8 @@ def register_matchers(priority: int, is_command: Callable[[T_State], bool], comm
     `commands`: the commands' matcher and its rule, for the fast path (`fastpath.py`)."""
     chat = on_message(priority=priority, block=False)
     notices = on_notice(priority=priority, block=False)
+    sent = on("message_sent", priority=priority, block=False)
+    said.register()
     driver = get_driver()
 
     driver.on_startup(_check_forward_urls)
@@ -186,8 +189,9 @@ def register_matchers(priority: int, is_command: Callable[[T_State], bool], comm
     async def handle_chat(bot: Bot, event: MessageEvent, state: T_State) -> None:
         if not isinstance(event, GroupMessageEvent | PrivateMessageEvent):
             return
-        if str(event.user_id) == bot.self_id:
-            return  # the bot's own message echoed back: already stored as an assistant message
+        if str(event.user_id) == bot.self_id:  # LLOneBot, older NapCat: the account's own message
+            await said.record_echo(bot, event, runtime.get().onebot.arrivals.of(event))
+            return
         if is_empty(event.original_message) and event.reply is None:
             return  # a malformed event with nothing in it: nothing said, nothing to answer
         if is_command(state):
@@ -229,6 +233,15 @@ def register_matchers(priority: int, is_command: Callable[[T_State], bool], comm
             await runtime.get().compression.judge_recorded(record.id, entry_of(record))
         elif asks:
             await answer_if_allowed(bot, event, record, msg.id)
+
+    @sent.handle()
+    async def handle_sent(bot: Bot, event: Event) -> None:
+        """NapCat's `message_sent`: what the bot account said (reportSelfMessage)."""
+        arrival = runtime.get().onebot.arrivals.of(event)
+        if (message := said.message_sent_event(event)) is None:
+            release_arrival(event)
+            return
+        await said.record_echo(bot, message, arrival)
 
     @notices.handle()
     async def handle_notice(bot: Bot, event: NoticeEvent) -> None:

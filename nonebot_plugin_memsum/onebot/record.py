@@ -41,7 +41,16 @@ def record_of(bot: Bot, event: MessageEvent) -> tuple[SessionRecord, int | None]
     """The event's session, and its group (None in a private chat)."""
     if isinstance(event, GroupMessageEvent):
         return group_record(bot.self_id, event.group_id), event.group_id
-    return private_record(bot.self_id, event.user_id), None
+    return private_record(bot.self_id, peer_of(event.self_id, event) or event.user_id), None
+
+
+def peer_of(self_id: int | str, event: MessageEvent) -> int | None:
+    """The other side of a private message: its sender; for one the bot account sent, its
+    `target_id` (NapCat, LLOneBot), None when the implementation did not say."""
+    if str(event.user_id) != str(self_id):
+        return event.user_id
+    target = getattr(event, "target_id", None)
+    return int(str(target)) if str(target or "").isdigit() and str(target) != str(self_id) else None
 
 
 async def record_message(
@@ -52,9 +61,11 @@ async def record_message(
     addressed: bool = False,
     said_at: float | None = None,
     fetched: bool = False,
+    by_bot: bool = False,
 ) -> tuple[SessionRecord, Message | None]:
     """Store one message event as a user message of its session, after those that came
     before it: live ones after the history fetched on connect (`fetched`: one of those).
+    `by_bot`: the bot account said it (said.py): stored as the assistant's.
 
     `addressed`: it asks the bot (a crash before the answer leaves it for the next start);
     `said_at`: the platform's time of a fetched message. None when the message (same
@@ -77,7 +88,10 @@ async def record_message(
             await rt.onebot.arrivals.wait_turn(arrival)
         # FIFO: a name look-up must not let a later message overtake.
         async with rt.onebot.recording.hold(record.id):
-            msg = await message_of(bot, event, record.id, group_id, addressed=addressed, said_at=said_at)
+            if by_bot:
+                msg = await bot_message_of(bot, event, record.id, group_id)
+            else:
+                msg = await message_of(bot, event, record.id, group_id, addressed=addressed, said_at=said_at)
             try:
                 stored = await rt.agent.record_once(record, msg)
             except StoreError as err:
@@ -150,6 +164,21 @@ async def message_of(
         metadata={"message_id": event.message_id, "user_id": event.user_id},
         platform_id=str(event.message_id),
         addressed=addressed,
+    )
+
+
+async def bot_message_of(bot: Bot, event: MessageEvent, scope: str, group_id: int | None) -> Message:
+    """What the bot account said, not through this plugin, as the assistant message the model
+    will read: no label, as its own answers (a quote is left out as well)."""
+    segments = segments_of(event.original_message)
+    known = await names.look_up(bot, scope, group_id, _mentioned(segments))
+    return Message(
+        role="assistant",
+        # Another plugin may repeat what a member wrote: no label in it speaks for anyone.
+        content=neutralise_labels(render_segments(segments, known)),
+        ts=clock.now(),
+        metadata={"message_id": event.message_id},
+        platform_id=str(event.message_id) if str(event.message_id) not in ("", "0") else None,
     )
 
 

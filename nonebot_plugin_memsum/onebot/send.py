@@ -13,7 +13,7 @@ from nonebot.exception import ApiNotAvailable, WebSocketClosed
 from nonebot.log import logger
 
 from nonebot_plugin_memsum import runtime
-from nonebot_plugin_memsum.agent.turn import ReplyFn
+from nonebot_plugin_memsum.agent.turn import ReplyFn, own_send
 from nonebot_plugin_memsum.errors import StoreError
 
 from .record import record_of
@@ -45,7 +45,14 @@ async def send_reply(bot: Bot, event: MessageEvent, text: str, *, quote: bool = 
     platform id of what went out (the first part of a long one), when the implementation says.
 
     `quote`: the answer quotes the message it answers, so a busy group sees to whom.
+    What goes out here is the plugin's own: an answer is stored by its turn, and the rest
+    (command output, notices, apologies) is not chat (said.py stores neither again).
     """
+    with own_send():
+        return await _send(bot, event, text, quote=quote)
+
+
+async def _send(bot: Bot, event: MessageEvent, text: str, *, quote: bool) -> str | None:
     threshold = runtime.get().config.memsum_forward_threshold
     if isinstance(event, GroupMessageEvent) and threshold and len(text) > threshold:
         # Content as a text segment: implementations parse a string as CQ codes, and a
@@ -65,7 +72,7 @@ async def send_reply(bot: Bot, event: MessageEvent, text: str, *, quote: bool = 
             sent = await _deliver(
                 bot, lambda b: b.call_api("send_group_forward_msg", group_id=event.group_id, messages=nodes)
             )
-            return _sent_id(sent)
+            return sent_id(sent)
         except NOT_SENT:
             raise
         except Exception as err:
@@ -74,11 +81,11 @@ async def send_reply(bot: Bot, event: MessageEvent, text: str, *, quote: bool = 
     for i, part in enumerate(split_text(text, PLAIN_PART)):
         message = MessageSegment.reply(event.message_id) + part if quote and i == 0 else part
         sent = await _deliver(bot, lambda b, message=message: b.send(event, message))
-        first = _sent_id(sent) if i == 0 else first
+        first = sent_id(sent) if i == 0 else first
     return first
 
 
-def _sent_id(result: object) -> str | None:
+def sent_id(result: object) -> str | None:
     """`message_id` of a send action's data (OneBot v11 `send_msg`), if the implementation gave
     one: 0 is none (Lagrange and NapCat answer 0 when they have no id for what they sent)."""
     message_id = result.get("message_id") if isinstance(result, dict) else None

@@ -183,6 +183,57 @@ class Refusals:
         return True
 
 
+# ---- what the plugin itself sent ------------------------------------------------------
+ECHO_SECONDS = 120.0
+"""How long a send of the plugin's own waits for its echo (NapCat's `message_sent`)."""
+OWN_IDS_KEPT = 4096
+
+
+class OwnSends:
+    """The plugin's own sends, so their echoes (the bot account's messages the implementation
+    reports back) are not stored a second time: by the message id a send returned, and, for an
+    echo that arrives before the send's response, by its text (`said.py`)."""
+
+    def __init__(self, now: Callable[[], float] = lambda: clock.now()) -> None:
+        self._now = now
+        self._pending: LRU[str, list[tuple[float, str]]] = LRU()
+        """Per session, the texts of own sends not answered yet, with when they stop waiting."""
+        self._ids: LRU[tuple[str, str], None] = LRU(OWN_IDS_KEPT)
+
+    def expect(self, session_id: str, text: str) -> None:
+        """An own send is about to go out."""
+        now = self._now()
+        waiting = [p for p in self._pending.get(session_id, []) if p[0] > now]
+        self._pending[session_id] = [*waiting, (now + ECHO_SECONDS, text)]
+
+    def sent(self, session_id: str, text: str, message_id: str | None) -> None:
+        """Its response came (`message_id`: what it went out under; None: it failed or said none)."""
+        self._take(session_id, text)
+        if message_id is not None:
+            self._ids[(session_id, message_id)] = None
+
+    def is_echo(self, session_id: str, message_id: str, text: str) -> bool:
+        """Whether a message of the bot account is the echo of an own send (it is then forgotten)."""
+        if self._ids.pop((session_id, message_id), False) is None:
+            return True
+        return self._take(session_id, text)
+
+    def _take(self, session_id: str, text: str) -> bool:
+        waiting = self._pending.get(session_id)
+        if not waiting:
+            return False
+        now = self._now()
+        for i, (until, said) in enumerate(waiting):
+            if said == text and until > now:
+                del waiting[i]
+                break
+        else:
+            return False
+        if not waiting:
+            del self._pending[session_id]
+        return True
+
+
 @dataclass
 class OneBotState:
     """Everything the OneBot layer keeps between events; the runtime owns one."""
@@ -196,3 +247,7 @@ class OneBotState:
     """Every account that connected to this process (as many as the owner runs): another
     one's messages are a member's, never a question to this one (recovery.another_account)."""
     refusals: Refusals = field(default_factory=Refusals)
+    own_sends: OwnSends = field(default_factory=OwnSends)
+    """The plugin's own sends whose echoes are not stored again (`said.py`)."""
+    recording_said: set[asyncio.Task[None]] = field(default_factory=set)
+    """Messages other plugins sent being stored (`said.py`): kept until done."""

@@ -330,10 +330,12 @@ class Tx:
 
     async def name_answer(self, session_id: str, text: str, platform_id: str) -> None:
         """The platform id the session's newest answer went out under, when `text` is that
-        answer (an apology or a notice sent without storing one names nothing)."""
+        answer (an apology or a notice sent without storing one names nothing). Its newest
+        assistant message without a platform id: what another plugin said meanwhile has its
+        own (onebot/said.py)."""
         await self._write(
             "UPDATE messages SET platform_id = ? WHERE id = (SELECT MAX(id) FROM messages"
-            " WHERE session_id = ? AND role = 'assistant') AND content = ?",
+            " WHERE session_id = ? AND role = 'assistant' AND platform_id IS NULL) AND content = ?",
             (platform_id, session_id, text),
         )
 

@@ -1,0 +1,247 @@
+"""What the bot account said that this plugin did not write, stored as the bot's own
+(assistant) messages of their session, in order, once, starting no turn:
+
+- what other plugins of the same bot process send through the same Bot (a 签到 reply, a
+  scheduled push): NoneBot's `Bot.on_called_api` sees each send action and the message id
+  it returned;
+- what the owner types on the bot's account from another client, as the implementation
+  reports it: NapCat's `message_sent` (reportSelfMessage), LLOneBot's and older NapCat's
+  plain `message` whose sender is the bot; the private peer is the event's `target_id`.
+
+The plugin's own sends (`agent.turn.own_send`: its answers, stored by their turn; command
+output, notices and apologies, which are no chat) are stored by nothing here: the ids they
+went out under, and until their response the texts they carry, mark their echoes
+(`state.OwnSends`). A message another plugin sent and its echo share the message id: the
+first of them is stored (`Store.append_once`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from nonebot.adapters import Bot as BaseBot
+from nonebot.adapters.onebot.v11 import (
+    Bot,
+    Event,
+    GroupMessageEvent,
+    MessageEvent,
+    MessageSegment,
+    PrivateMessageEvent,
+)
+from nonebot.adapters.onebot.v11 import Message as OBMessage
+from nonebot.compat import type_validate_python
+from nonebot.log import logger
+
+from nonebot_plugin_memsum import runtime
+from nonebot_plugin_memsum.agent.turn import OWN_SEND
+from nonebot_plugin_memsum.errors import NotStarted, StoreError
+
+from .record import note_refused, peer_of, record_message, record_of
+from .render import is_empty, render_segments, segments_of
+from .send import sent_id
+from .sessions import entry_of, group_session_id, private_session_id
+from .state import Arrival
+
+_started = contextlib.suppress(NotStarted)
+"""Nothing to do before the runtime starts (another plugin sending at start-up)."""
+SEND_ACTIONS = frozenset(
+    {
+        "send_msg",
+        "send_group_msg",
+        "send_private_msg",
+        "send_forward_msg",  # NapCat, go-cqhttp
+        "send_group_forward_msg",
+        "send_private_forward_msg",
+    }
+)
+"""The OneBot v11 send actions and the merged-forward ones implementations add."""
+
+
+def register() -> None:
+    """The API hooks (NoneBot keeps them per adapter Bot class, once each)."""
+    Bot.on_calling_api(_calling)
+    Bot.on_called_api(_called)
+
+
+# ---- sends through the Bot ------------------------------------------------------------------
+def _target(self_id: str, api: str, data: Mapping[str, Any]) -> tuple[str, int | None, int] | None:
+    """(message_type, group, private peer) a send action goes to; None when it names neither."""
+    group_id, user_id = data.get("group_id"), data.get("user_id")
+    kind = data.get("message_type")
+    if kind is None:  # OneBot v11 send_msg guesses it from the ids it got
+        kind = "group" if "group" in api or (group_id and "private" not in api) else "private"
+    if kind == "group" and str(group_id or "").isdigit():
+        return "group", int(str(group_id)), 0
+    if kind == "private" and str(user_id or "").isdigit() and str(user_id) != self_id:
+        return "private", None, int(str(user_id))
+    return None
+
+
+def _message(api: str, data: Mapping[str, Any]) -> OBMessage:
+    """What a send action carries, as segments (a string is CQ codes unless `auto_escape`)."""
+    if "forward" in api:
+        return OBMessage(MessageSegment("forward", {}))  # as a member's merged-forward reads
+    raw = data.get("message", "")
+    if isinstance(raw, str) and data.get("auto_escape"):
+        return OBMessage(MessageSegment.text(raw))
+    if isinstance(raw, Mapping):  # one segment as a dict
+        raw = [raw]
+    if isinstance(raw, list):  # segments as dicts, as a plugin may pass them
+        raw = [
+            MessageSegment(str(s.get("type")), dict(s.get("data") or {})) if isinstance(s, Mapping) else s
+            for s in raw
+        ]
+    try:
+        return OBMessage(raw)
+    except Exception:  # nothing a message can be made of: nothing to remember either
+        return OBMessage()
+
+
+def echo_text(message: OBMessage) -> str:
+    """What an own send and its echo both read as: rendered without names, blanks collapsed."""
+    return " ".join(render_segments(segments_of(message), {}).split())
+
+
+def _session(self_id: str, target: tuple[str, int | None, int]) -> str:
+    kind, group_id, peer = target
+    return group_session_id(self_id, group_id or 0) if kind == "group" else private_session_id(self_id, peer)
+
+
+async def _calling(bot: BaseBot, api: str, data: dict[str, Any]) -> None:
+    """Before an own send: its text, so an echo that outruns the response is known."""
+    if api not in SEND_ACTIONS or not OWN_SEND.get() or not isinstance(bot, Bot):
+        return
+    if (target := _target(bot.self_id, api, data)) is not None:
+        text = echo_text(_message(api, data))
+        with _started:
+            runtime.get().onebot.own_sends.expect(_session(bot.self_id, target), text)
+
+
+async def _called(
+    bot: BaseBot, exception: Exception | None, api: str, data: dict[str, Any], result: Any
+) -> None:
+    """After a send: an own one notes the id it went out under; another plugin's is stored."""
+    if api not in SEND_ACTIONS or not isinstance(bot, Bot):
+        return
+    if (target := _target(bot.self_id, api, data)) is None:
+        return
+    with _started:
+        rt = runtime.get()
+        message = _message(api, data)
+        sid = _session(bot.self_id, target)
+        message_id = sent_id(result) if exception is None else None
+        if OWN_SEND.get():
+            rt.onebot.own_sends.sent(sid, echo_text(message), message_id)
+            return
+        if exception is not None:
+            return  # nothing went out
+        event = _as_event(bot, target, message, message_id)
+        if event is None:
+            return
+        # Stored in the background: the other plugin's send must not wait for this plugin's
+        # order (a message of the session before it may be waiting for this very send).
+        arrival = rt.onebot.arrivals.take(sid)
+        task = asyncio.create_task(record_said(bot, event, arrival), name=f"memsum-said-{sid}")
+        rt.onebot.recording_said.add(task)
+        task.add_done_callback(rt.onebot.recording_said.discard)
+
+
+def _as_event(
+    bot: Bot, target: tuple[str, int | None, int], message: OBMessage, message_id: str | None
+) -> MessageEvent | None:
+    """A sent message as the message event the implementation would report for it."""
+    kind, group_id, peer = target
+    payload: dict[str, Any] = {
+        "time": int(time.time()),
+        "self_id": int(bot.self_id),
+        "post_type": "message",
+        "message_type": kind,
+        "sub_type": "normal" if kind == "group" else "friend",
+        "message_id": int(message_id) if message_id and message_id.lstrip("-").isdigit() else 0,
+        "user_id": int(bot.self_id),
+        "target_id": group_id if kind == "group" else peer,
+        "message": message,
+        "raw_message": "",
+        "font": 0,
+        "sender": {"user_id": int(bot.self_id)},
+    }
+    if kind == "group":
+        payload["group_id"] = group_id
+    try:
+        return type_validate_python(GroupMessageEvent if kind == "group" else PrivateMessageEvent, payload)
+    except Exception as err:
+        logger.debug(f"memsum: a sent message not recorded: {err!r}")
+        return None
+
+
+# ---- what the implementation reports the account said -----------------------------------------
+def message_sent_session(event: Event) -> str | None:
+    """The session of NapCat's `message_sent` event (the adapter knows no model for it)."""
+    if event.get_type() != "message_sent":
+        return None
+    payload = event.model_dump()
+    if payload.get("message_type") == "group" and str(payload.get("group_id") or "").isdigit():
+        return group_session_id(event.self_id, payload["group_id"])
+    target = str(payload.get("target_id") or "")
+    if payload.get("message_type") == "private" and target.isdigit() and target != str(event.self_id):
+        return private_session_id(event.self_id, target)
+    return None
+
+
+def message_sent_event(event: Event) -> MessageEvent | None:
+    """NapCat's `message_sent` as the message event it reports (for this plugin alone)."""
+    payload = {**event.model_dump(), "post_type": "message"}
+    model = GroupMessageEvent if payload.get("message_type") == "group" else PrivateMessageEvent
+    try:
+        return type_validate_python(model, payload)
+    except Exception as err:
+        logger.debug(f"memsum: a message_sent event not recorded: {err!r}")
+        return None
+
+
+async def record_echo(bot: Bot, event: MessageEvent, arrival: Arrival | None) -> None:
+    """A message of the bot account the implementation reported: the echo of an own send is
+    dropped (stored by its turn, or no chat); anything else is stored as the bot's."""
+    rt = runtime.get()
+    try:
+        if isinstance(event, PrivateMessageEvent) and peer_of(bot.self_id, event) is None:
+            return  # a private message of the account, to whom the implementation does not say
+        if is_empty(event.original_message):
+            return  # a malformed event with nothing in it
+        sid = record_of(bot, event)[0].id
+        if rt.onebot.own_sends.is_echo(sid, str(event.message_id), echo_text(event.original_message)):
+            return
+        await record_said(bot, event, arrival)
+    finally:
+        if arrival is not None:
+            rt.onebot.arrivals.done(arrival)
+
+
+async def record_said(bot: Bot, event: MessageEvent, arrival: Arrival | None) -> None:
+    """Store what the bot account said as its own message, in its session's order: nothing
+    in a 关 place, and no turn anywhere (a 仅记录 place is judged for compression as ever)."""
+    rt = runtime.get()
+    try:
+        place, _ = record_of(bot, event)
+        try:
+            mode = await rt.controls.mode(place)
+        except StoreError as err:
+            note_refused(err, place.id, float(event.time))
+            return
+        if mode == "off":
+            return
+        try:
+            record, msg = await record_message(bot, event, arrival, by_bot=True)
+        except StoreError:  # said in the log already
+            return
+        if msg is not None and mode == "record":
+            await rt.compression.judge_recorded(record.id, entry_of(record))
+    except Exception:
+        logger.exception("memsum: could not record a message the bot account sent")
+    finally:
+        if arrival is not None:
+            rt.onebot.arrivals.done(arrival)
