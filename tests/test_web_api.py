@@ -93,7 +93,9 @@ async def test_sign_in_sets_an_httponly_samesite_cookie(anon: httpx.AsyncClient)
     assert cookie.startswith("memsum_session=")
     assert "HttpOnly" in cookie
     assert "SameSite=strict" in cookie
-    assert "Path=/memsum" in cookie
+    # No Path: the browser scopes it to the sign-in's folder, the page's own api/, under
+    # whatever prefix a reverse proxy serves the page (tests/test_audit8_x.py).
+    assert "path=" not in cookie.lower()
     csrf = resp.json()["csrf"]
     assert (await anon.get("api/me")).json() == {"csrf": csrf}
     # Signing out ends the session on the server, not only in the browser.

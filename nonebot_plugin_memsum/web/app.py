@@ -41,6 +41,12 @@ from .auth import SESSION_SECONDS, Auth, WebSession, same_origin, same_token
 
 COOKIE = "memsum_session"
 CSRF_HEADER = "X-Memsum-CSRF"
+CROSS_SITE = (
+    "拒绝跨站请求（经反向代理访问时，请让代理转发浏览器的 Host 头，"
+    "如 nginx 的 proxy_set_header Host $http_host;）"
+)
+"""The page itself sees it only when a proxy hides the browser's host and the browser sends
+no `Sec-Fetch-Site` (plain http to a LAN address): then the fix is the proxy's."""
 SEARCH_LIMIT = 20
 SEARCH_CONTEXT = 2
 """Messages shown either side of each search hit."""
@@ -104,8 +110,8 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
 
     def change_allowed(request: Request, session: WebSession = Depends(signed_in)) -> WebSession:
         """Every change: the CSRF token the page got at sign-in, and no foreign Origin."""
-        if not same_origin(request.headers.get("origin"), request.headers.get("host")):
-            raise HTTPException(403, "拒绝跨站请求")
+        if not _from_the_page(request):
+            raise HTTPException(403, CROSS_SITE)
         given = request.headers.get(CSRF_HEADER, "")
         if not given or not same_token(given, session.csrf):
             raise HTTPException(403, "缺少或错误的 CSRF 令牌，请刷新页面")
@@ -117,8 +123,8 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
 
     @api.post("/login")
     async def login(body: SignIn, request: Request) -> Response:
-        if not same_origin(request.headers.get("origin"), request.headers.get("host")):
-            raise HTTPException(403, "拒绝跨站请求")
+        if not _from_the_page(request):
+            raise HTTPException(403, CROSS_SITE)
         address = request.client.host if request.client else "?"
         wait = auth.retry_after(address)
         if wait > 0:
@@ -133,22 +139,14 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
             raise HTTPException(401, "令牌不对")
         sid, session = signed
         response = JSONResponse({"csrf": session.csrf})
-        response.set_cookie(
-            COOKIE,
-            sid,
-            max_age=SESSION_SECONDS,
-            path=request.scope.get("root_path") or "/",
-            httponly=True,
-            samesite="strict",
-            secure=request.url.scheme == "https",
-        )
+        _session_cookie(response, request, sid, SESSION_SECONDS)
         return response
 
     @api.post("/logout")
     async def logout(request: Request, _: WebSession = Depends(change_allowed)) -> Response:
         auth.sign_out(request.cookies.get(COOKIE))
         response = JSONResponse({"ok": True})
-        response.delete_cookie(COOKIE, path=request.scope.get("root_path") or "/")
+        _session_cookie(response, request, "", 0)
         return response
 
     @read.get("/me")
@@ -389,6 +387,29 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.state.live = live
     return app
+
+
+def _session_cookie(response: Response, request: Request, value: str, seconds: int) -> None:
+    """The sign-in cookie (`seconds` 0: gone). No Path: the browser scopes it to the folder
+    of the sign-in request, the page's own `…/memsum/api`, which every signed-in request
+    is under wherever the page is served, as the bot's `/memsum/` or as a reverse proxy's
+    `/bot/memsum/` (a Path from the bot's own mount point never matched the proxy's URLs:
+    sign-in succeeded and the page asked for the token again)."""
+    response.set_cookie(
+        COOKIE,
+        value,
+        max_age=seconds,
+        expires=None if seconds else 0,
+        path=None,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
+
+
+def _from_the_page(request: Request) -> bool:
+    headers = request.headers
+    return same_origin(headers.get("origin"), headers.get("host"), headers.get("sec-fetch-site"))
 
 
 def _midnight(rt: Runtime) -> float:

@@ -40,15 +40,33 @@ def failure_wait(failures: int) -> float:
     return float(min(2 ** (failures - FREE_FAILURES), MAX_WAIT))
 
 
-def same_origin(origin: str | None, host: str | None) -> bool:
-    """Whether an Origin (or Referer) header names the host the request was sent to.
-    No header at all passes: browsers send Origin with every cross-site POST, and the
-    SameSite cookie and the CSRF header stop the rest."""
+def same_origin(origin: str | None, host: str | None, fetch_site: str | None = None) -> bool:
+    """Whether a request comes from the page itself, not from another site.
+
+    `Sec-Fetch-Site` first: the browser sets it (a page's script cannot), and it does not
+    depend on the Host header, which a reverse proxy rewrites (nginx sends its upstream's
+    own `127.0.0.1:8080` unless told otherwise): `same-origin`, or `none` (typed by the
+    owner), passes; anything else is another site. Browsers that send no `Sec-Fetch-Site`
+    (older ones; plain http to a LAN address is not a secure context) are judged by Origin
+    (or Referer) against Host, the rule of Go's `http.CrossOriginProtection`; a Host without
+    a port (nginx's `$host`) matches the origin's host name on any port. No header at all
+    passes: browsers send Origin with every cross-site POST, and the SameSite cookie and
+    the CSRF header stop the rest."""
+    if fetch_site:
+        return fetch_site.strip().lower() in ("same-origin", "none")
     if not origin:
         return True
     if origin == "null" or not host:
         return False
-    return urlsplit(origin).netloc.lower() == host.lower()
+    given = urlsplit(origin)
+    if given.netloc.lower() == host.lower():
+        return True
+    bare = urlsplit("//" + host)
+    try:
+        portless = bare.port is None
+    except ValueError:
+        return False
+    return portless and bool(bare.hostname) and bare.hostname == given.hostname
 
 
 @dataclass(frozen=True, slots=True)
