@@ -10,18 +10,29 @@ SQLite file, the scripted model server; Debian's Chromium where the browser matt
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
+import sqlite3
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 
+from nonebot_plugin_memsum import runtime
+from nonebot_plugin_memsum.config import Config
+from nonebot_plugin_memsum.runtime import Runtime
+from nonebot_plugin_memsum.store import Store
+from nonebot_plugin_memsum.store.store import SUMMARY_NAMESPACE
 from nonebot_plugin_memsum.web import auth
+from nonebot_plugin_memsum.web.app import create_app
+from tests.fakes.llm_server import Gate, Reply, ScriptedLLM
 from tests.fakes.proxy import NginxLikeProxy
-from tests.fakes.web import GROUP, TOKEN, WebEnv, serving, web_env
+from tests.fakes.web import GROUP, SUMMARY, TOKEN, WebEnv, say, serving, web_env
 
 G = GROUP.id.replace(":", "%3A")
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -49,6 +60,16 @@ async def browser() -> AsyncIterator[Any]:
 async def env(tmp_path: Path) -> AsyncIterator[WebEnv]:
     async with web_env(tmp_path) as e:
         yield e
+
+
+@pytest.fixture
+async def owner(env: WebEnv) -> AsyncIterator[httpx.AsyncClient]:
+    """Signed in; the CSRF header set as the page sets it."""
+    async with httpx.AsyncClient(base_url=env.base + "/") as client:
+        resp = await client.post("api/login", json={"token": TOKEN})
+        assert resp.status_code == 200
+        client.headers["X-Memsum-CSRF"] = resp.json()["csrf"]
+        yield client
 
 
 def as_chromium(origin: str) -> dict[str, str]:
@@ -170,3 +191,133 @@ async def test_in_chromium_behind_nginx_sign_in_look_and_change(env: WebEnv, bro
         await page.reload()
         await expect(page.locator("#login-form")).to_be_visible()  # signed out for real
         await context.close()
+
+
+# ---- what the page shows is true against the store ---------------------------------------
+async def test_kept_originals_are_those_the_summary_kept_as_the_summary_command_counts_them(
+    env: WebEnv, owner: httpx.AsyncClient
+) -> None:
+    # Members go on talking while the summary model thinks: what they said then was never
+    # read by the compression, so it is not one of the originals it kept (R-RUN-12).
+    env.llm.reset()
+    gate = Gate(Reply(SUMMARY))
+    env.llm.on_request(gate)
+    with gate:
+        assert (await owner.post(f"api/sessions/{G}/compress", json={})).status_code == 202
+        await gate.reached()
+        for n in (1, 2):
+            await say(env.rt, f"压缩时说的第{n}句", 40 + n, 0)
+    await env.app.state.live.wait()
+    status = await env.rt.compression.status(GROUP.id)
+    d = (await owner.get(f"api/sessions/{G}")).json()
+    assert d["compressions"][0]["outcome"] == "done"
+    active = [m for m in await env.rt.store.get_history(GROUP.id) if m.is_conversation]
+    kept = [m["content"] for m in d["kept"]]
+    assert len(kept) == status.kept_messages  # as /摘要 says: 保留原文 N 条
+    assert kept == [m.content for m in active[: status.kept_messages]]
+    assert not any("压缩时说的" in k for k in kept)
+    assert [m["content"] for m in d["recent"]][-2:] == [
+        "[成员41(30041)] 压缩时说的第1句",
+        "[成员42(30042)] 压缩时说的第2句",
+    ]
+    # Clearing the summary: no summary keeps anything any more, as /摘要 then says.
+    assert (await owner.post(f"api/sessions/{G}/clear", json={"kind": "summary"})).status_code == 200
+    assert (await env.rt.compression.status(GROUP.id)).kept_messages == 0
+    d = (await owner.get(f"api/sessions/{G}")).json()
+    assert d["kept"] == []
+    assert d["summary"]["sections"] == []
+
+
+# ---- a big file ------------------------------------------------------------------------------
+BIG = "onebot:10000:group:777"
+
+
+def fill_big(path: Path, messages: int) -> None:
+    """A group whose compressions are off (both lines 0): every message stays active. Filled
+    with sqlite3 directly, as bench/bench_web.py does (the Store API would take minutes)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("BEGIN")
+    conn.execute(
+        "INSERT INTO sessions (id, platform, kind, place, peer, room_class, created)"
+        " VALUES (?, 'onebot', 'group', 'group:777', NULL, 'room', ?)",
+        (BIG, time.time() - 86400),
+    )
+    start = time.time() - 86400
+    conn.executemany(
+        "INSERT INTO messages (session_id, role, content, ts, event_marker, archived, tokens)"
+        " VALUES (?, ?, ?, ?, ?, 0, 20)",
+        [
+            (BIG, "system", "对话已压缩", start + i * 0.5, 1)
+            if i == 2
+            else (BIG, "user", f"[成员{i % 50}(2{i % 50:04d})] 第{i}句：周末去爬山吗", start + i * 0.5, 0)
+            for i in range(messages)
+        ],
+    )
+    conn.execute("COMMIT")
+    conn.close()
+
+
+async def test_a_session_of_100000_active_messages_opens_without_reading_them_all(tmp_path: Path) -> None:
+    path = tmp_path / "big.db"
+    store = Store(path)
+    await store.open()  # the schema
+    await store.close()
+    n = 100_000
+    await asyncio.to_thread(fill_big, path, n)
+    with ScriptedLLM() as llm:
+        config = Config.model_validate(
+            {
+                "memsum_models": [llm.model_config("test/chat", model="chat", context_window=65536)],
+                "memsum_web_token": TOKEN,
+                "memsum_compress_at": 0,
+                "memsum_history_limit": 0,
+            }
+        )
+        rt: Runtime = await runtime.build(config, path, [], set())
+        # The two messages before the divider are what the summary in force kept.
+        await rt.store.put_meta(
+            SUMMARY_NAMESPACE, BIG, {"text": "## 最近在聊什么\n爬山", "time": time.time(), "kept_messages": 2}
+        )
+        reads: list[float] = []
+        history = rt.store.get_history
+
+        async def counted(session_id: str, limit: float = float("inf")) -> list[Any]:
+            reads.append(limit)
+            return await history(session_id, limit)
+
+        rt.store.get_history = counted  # type: ignore[method-assign]
+        app = create_app(lambda: rt, TOKEN)
+
+        root = FastAPI()
+        root.mount("/memsum", app)
+        try:
+            async with serving(root) as base, httpx.AsyncClient(base_url=base + "/memsum/", timeout=60) as c:
+                assert (await c.post("api/login", json={"token": TOKEN})).status_code == 200
+                sid = BIG.replace(":", "%3A")
+                took = []
+                pages = []
+                for _ in range(3):  # the page polls every 3 s while it is open
+                    t = time.perf_counter()
+                    pages.append(await c.get(f"api/sessions/{sid}"))
+                    took.append(time.perf_counter() - t)
+                assert [r.status_code for r in pages] == [200] * 3
+                d = pages[-1].json()
+                assert d["active"] == n - 1  # the divider is no message (R-TRIG-4)
+                assert [m["content"] for m in d["kept"]] == [
+                    "[成员0(20000)] 第0句：周末去爬山吗",
+                    "[成员1(20001)] 第1句：周末去爬山吗",
+                ]
+                assert len(d["recent"]) == 30
+                assert (
+                    d["recent"][-1]["content"]
+                    == f"[成员{(n - 1) % 50}(2{(n - 1) % 50:04d})] 第{n - 1}句：周末去爬山吗"
+                )
+                # No read of the whole history (it took a second here, on every poll).
+                assert reads
+                assert max(reads) < 1000, reads
+                assert min(took) < 0.5, took
+                row = next(s for s in (await c.get("api/overview")).json()["sessions"] if s["id"] == BIG)
+                assert (row["active"], row["archived"]) == (n - 1, 0)
+                assert row["settings"]["compress_at"]["text"] == "0"
+        finally:
+            await runtime.close(rt)

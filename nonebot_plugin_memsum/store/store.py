@@ -427,6 +427,16 @@ class Tx:
         """The last `limit` active messages of the session, in storage order."""
         return await self._tail(session_id, archived=False, limit=limit)
 
+    async def first_active(self, session_id: str, limit: int) -> list[Message]:
+        """The first `limit` active messages of the session, in storage order (the web
+        page's kept originals, without reading a long history whole)."""
+        rows = await self._fetch(
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ? AND archived = 0"
+            " ORDER BY id LIMIT ?",
+            (session_id, limit),
+        )
+        return [_message_from_row(r) for r in rows]
+
     async def _tail(self, session_id: str, *, archived: bool, limit: float) -> list[Message]:
         # Newest first so LIMIT takes the tail; the index makes it a short range scan.
         rows = await self._fetch(
@@ -1016,6 +1026,10 @@ class Store:
             self._history.put(session_id, cached, version)
         n = _sql_limit(limit)
         return cached[-n:] if 0 < n < len(cached) else list(cached) if n else []
+
+    async def first_active(self, session_id: str, limit: int) -> list[Message]:
+        async with self._statement() as tx:
+            return await tx.first_active(session_id, limit)
 
     async def count_active(self, session_id: str) -> int:
         async with self._statement() as tx:

@@ -34,7 +34,7 @@ from nonebot_plugin_memsum.lru import LRU
 from nonebot_plugin_memsum.runtime import Runtime, persona_refusal
 from nonebot_plugin_memsum.settings import MODE_WORDS, SETTING_NAMES
 from nonebot_plugin_memsum.store import SearchQuery
-from nonebot_plugin_memsum.types import DailyUsage, SessionRecord
+from nonebot_plugin_memsum.types import DailyUsage, Message, SessionRecord
 
 from . import views
 from .auth import SESSION_SECONDS, Auth, WebSession, same_origin, same_token
@@ -48,6 +48,8 @@ CROSS_SITE = (
 """The page itself sees it only when a proxy hides the browser's host and the browser sends
 no `Sec-Fetch-Site` (plain http to a LAN address): then the fix is the proxy's."""
 SEARCH_LIMIT = 20
+RECENT = 30
+"""The newest conversation messages a session's page shows."""
 SEARCH_CONTEXT = 2
 """Messages shown either side of each search hit."""
 CHAT_PURPOSE = "对话"
@@ -221,7 +223,10 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
         rt = get_runtime()
         record = await _existing(rt, sid)
         status = await rt.compression.status(sid)
-        active = await rt.store.get_history(sid)
+        # A session with both lines off keeps every message active (100,000 of them took a
+        # second to read whole, every poll): read only the ends the page shows.
+        head = await _conversation(lambda n: rt.store.first_active(sid, n), status.kept_messages)
+        tail = await _conversation(lambda n: rt.store.get_history(sid, n), RECENT)
         entry = {"entry_platform": record.platform, "entry_type": record.kind} if record else {}
         effective = await rt.settings.effective_all(sid, **entry)
         stored_session = await rt.store.get_settings("session", sid)
@@ -245,8 +250,8 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
                 "time": status.summary_time,
                 "sections": views.summary_sections(status.summary),
             },
-            "kept": [views.message_view(m) for m in views.kept_originals(active)],
-            "recent": [views.message_view(m) for m in active if m.is_conversation][-30:],
+            "kept": [views.message_view(m) for m in views.kept_originals(head, status.kept_messages)],
+            "recent": [views.message_view(m) for m in tail[-RECENT:]],
             "active": status.active_messages,
             "usage": usage,
             "line": line,
@@ -387,6 +392,20 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.state.live = live
     return app
+
+
+async def _conversation(read: Callable[[int], Awaitable[list[Message]]], want: int) -> list[Message]:
+    """At least `want` conversation messages (or all there are) from `read(n)`, one end of
+    the active history `n` messages long: n grows until enough of them are conversation."""
+    if want <= 0:
+        return []
+    n = want * 2 + 8
+    while True:
+        got = await read(n)
+        talk = [m for m in got if m.is_conversation]
+        if len(talk) >= want or len(got) < n:
+            return talk
+        n *= 4
 
 
 def _session_cookie(response: Response, request: Request, value: str, seconds: int) -> None:

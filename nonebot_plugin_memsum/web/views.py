@@ -108,12 +108,12 @@ def message_view(msg: Message, withdrawn: Collection[int] | None = None) -> dict
     return view
 
 
-def kept_originals(active: Sequence[Message]) -> list[Message]:
-    """The originals the last compression kept: the conversation before its divider."""
-    divider = max((i for i, m in enumerate(active) if m.event_marker), default=None)
-    if divider is None:
-        return []
-    return [m for m in active[:divider] if m.is_conversation]
+def kept_originals(head: Sequence[Message], kept: int) -> list[Message]:
+    """The originals the summary in force kept (R-RUN-12): the first `kept` conversation
+    messages of the active history (the compression archived the rest of what it read; what
+    was said while it ran comes after them, and was never read). `kept` is the summary's own
+    count, as `/摘要` says it: 0 once the summary is cleared."""
+    return [m for m in head if m.is_conversation][:kept]
 
 
 def line_tokens(compress_at: float, model: ModelConfig | None, trim_budget: int | None) -> int | None:
