@@ -16,6 +16,7 @@ import shutil
 import sqlite3
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +24,12 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from nonebot_plugin_memsum import runtime
+from nonebot_plugin_memsum import clock, runtime
 from nonebot_plugin_memsum.config import Config
 from nonebot_plugin_memsum.runtime import Runtime
 from nonebot_plugin_memsum.store import Store
 from nonebot_plugin_memsum.store.store import SUMMARY_NAMESPACE
+from nonebot_plugin_memsum.types import Message
 from nonebot_plugin_memsum.web import auth
 from nonebot_plugin_memsum.web.app import create_app
 from tests.fakes.llm_server import Gate, Reply, ScriptedLLM
@@ -321,3 +323,63 @@ async def test_a_session_of_100000_active_messages_opens_without_reading_them_al
                 assert row["settings"]["compress_at"]["text"] == "0"
         finally:
             await runtime.close(rt)
+
+
+@asynccontextmanager
+async def small_page(tmp: Path, **config: Any) -> AsyncIterator[tuple[Runtime, httpx.AsyncClient]]:
+    """A runtime of its own (the real SQLite file, the scripted model server) with `config`,
+    its page on uvicorn, and a client signed in with the page's CSRF header."""
+    with ScriptedLLM() as llm:
+        cfg = Config.model_validate(
+            {
+                "memsum_models": [llm.model_config("test/chat", model="chat", context_window=8000)],
+                "memsum_web_token": TOKEN,
+                **config,
+            }
+        )
+        rt = await runtime.build(cfg, tmp / "small.db", ["小记"], {"10001"})
+        app = create_app(lambda: rt, TOKEN)
+        root = FastAPI()
+        root.mount("/memsum", app)
+        try:
+            async with serving(root) as base, httpx.AsyncClient(base_url=base + "/memsum/") as client:
+                resp = await client.post("api/login", json={"token": TOKEN})
+                assert resp.status_code == 200
+                client.headers["X-Memsum-CSRF"] = resp.json()["csrf"]
+                yield rt, client
+        finally:
+            await app.state.live.wait()
+            await runtime.close(rt)
+
+
+MIDNIGHT = 1796227200.0
+"""2026-12-03 00:00 in Asia/Shanghai (UTC+8): 2026-12-02 16:00 UTC."""
+
+
+async def test_the_daily_cap_shows_today_in_memsum_timezone_as_the_bot_counts_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [MIDNIGHT - 600]
+    monkeypatch.setattr(clock, "now", lambda: now[0])
+    async with small_page(tmp_path, memsum_timezone="Asia/Shanghai") as (rt, owner):
+        await rt.agent.record(GROUP, Message(role="user", content="[甲(30001)] 你好", ts=now[0]))
+        # 23:50 yesterday in Shanghai, the same UTC day as now: not today's.
+        await rt.store.record_usage(GROUP.id, "对话", "test/chat", 5000, 100)
+        now[0] = MIDNIGHT + 600
+        await rt.store.record_usage(GROUP.id, "对话", "test/chat", 500, 100)
+        await rt.store.record_usage(GROUP.id, "摘要", "test/chat", 80, 20)  # compression counts too
+        now[0] = MIDNIGHT + 1800
+        body = {"name": "daily_token_cap", "scope": "place", "value": "1000"}
+        assert (await owner.post(f"api/sessions/{G}/settings", json=body)).status_code == 200
+        d = (await owner.get(f"api/sessions/{G}")).json()
+        assert d["daily_cap"] == {"cap": 1000, "used": 700, "ratio": 0.7, "spent": False}
+        assert await rt.controls.used_today(GROUP) == 700  # what the bot decides by, and /用量 says
+        now[0] = MIDNIGHT + 2400
+        await rt.store.record_usage(GROUP.id, "对话", "test/chat", 300, 100)
+        d = (await owner.get(f"api/sessions/{G}")).json()
+        assert d["daily_cap"] == {"cap": 1000, "used": 1100, "ratio": 1.1, "spent": True}
+        assert await rt.controls.answer(GROUP, "30001", in_group=True) == "cap_notice"
+        # A new day in Shanghai: nothing used yet.
+        now[0] = MIDNIGHT + 86400 + 60
+        d = (await owner.get(f"api/sessions/{G}")).json()
+        assert d["daily_cap"] == {"cap": 1000, "used": 0, "ratio": 0.0, "spent": False}

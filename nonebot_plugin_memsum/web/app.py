@@ -278,6 +278,7 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
             "progress": live.progress(sid),
             "backoff_failures": status.backoff_failures,
             "backoff_turns_left": status.backoff_turns_left,
+            "daily_cap": await _daily_cap(rt, record, int(effective["daily_token_cap"].value)),
             "modes": MODE_WORDS,
         }
 
@@ -392,6 +393,16 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.state.live = live
     return app
+
+
+async def _daily_cap(rt: Runtime, record: SessionRecord | None, cap: int) -> dict[str, Any] | None:
+    """Today's use of the place's daily cap, counted as the bot counts it before answering
+    (every purpose, the day of `MEMSUM_TIMEZONE`; `/用量` says the same): a group that went
+    quiet because its cap is spent shows why."""
+    if record is None:
+        return None
+    used = await rt.controls.used_today(record)
+    return {"cap": cap, "used": used, "ratio": views.fraction(used, cap), "spent": 0 < cap <= used}
 
 
 async def _conversation(read: Callable[[int], Awaitable[list[Message]]], want: int) -> list[Message]:

@@ -279,7 +279,10 @@ async function sessionPage(sid) {
     el("div", { class: "card stats" },
       el("div", { class: "stat" }, el("span", { class: "muted small" }, "用量 / 压缩线"), gauge(d.usage_ratio, d.usage === null ? "无记录" : d.line ? `${num(d.usage)} / ${num(d.line)}` : "压缩线关")),
       el("div", { class: "stat" }, el("span", { class: "muted small" }, "条数 / 条数线"), gauge(d.count_ratio, d.history_limit ? `${num(d.active)} / ${num(d.history_limit)}` : `${num(d.active)}（条数线关）`)),
-      el("div", { class: "stat" }, el("span", { class: "muted small" }, "退避"), el("b", {}, d.backoff_failures ? `失败 ${d.backoff_failures} 次，${d.backoff_turns_left} 轮后重试` : "无"))),
+      el("div", { class: "stat" }, el("span", { class: "muted small" }, "退避"), el("b", {}, d.backoff_failures ? `失败 ${d.backoff_failures} 次，${d.backoff_turns_left} 轮后重试` : "无")),
+      d.daily_cap ? el("div", { class: "stat", id: "daily-cap" }, el("span", { class: "muted small" }, "今日用量 / 每日限额"),
+        d.daily_cap.cap > 0 ? gauge(d.daily_cap.ratio, `${num(d.daily_cap.used)} / ${num(d.daily_cap.cap)}` + (d.daily_cap.spent ? "，已用完，今天不再回答" : ""))
+          : el("b", {}, `${num(d.daily_cap.used)}（不限）`)) : null),
     el("div", { class: "row" },
       el("button", { type: "button", id: "compress", disabled: d.running, onclick: () => act("compress", {}, "已开始压缩") }, "立即压缩"),
       el("button", { type: "button", class: "plain", id: "clear-summary", onclick: async () => { if (await confirmDialog("清除本会话的摘要？上下文保留。")) act("clear", { kind: "summary" }, "已清除摘要"); } }, "清除摘要"),
