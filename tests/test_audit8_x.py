@@ -11,6 +11,7 @@ SQLite file, the scripted model server; Debian's Chromium where the browser matt
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import sqlite3
@@ -32,6 +33,7 @@ from nonebot_plugin_memsum.store.store import SUMMARY_NAMESPACE
 from nonebot_plugin_memsum.types import Message
 from nonebot_plugin_memsum.web import auth
 from nonebot_plugin_memsum.web.app import create_app
+from tests.fakes import web
 from tests.fakes.llm_server import Gate, Reply, ScriptedLLM
 from tests.fakes.proxy import NginxLikeProxy
 from tests.fakes.web import GROUP, SUMMARY, TOKEN, WebEnv, say, serving, web_env
@@ -326,10 +328,13 @@ async def test_a_session_of_100000_active_messages_opens_without_reading_them_al
 
 
 @asynccontextmanager
-async def small_page(tmp: Path, **config: Any) -> AsyncIterator[tuple[Runtime, httpx.AsyncClient]]:
-    """A runtime of its own (the real SQLite file, the scripted model server) with `config`,
-    its page on uvicorn, and a client signed in with the page's CSRF header."""
-    with ScriptedLLM() as llm:
+async def small_page(
+    location: Path | str, llm: ScriptedLLM | None = None, **config: Any
+) -> AsyncIterator[tuple[Runtime, httpx.AsyncClient]]:
+    """A runtime of its own (a SQLite file in the folder `location`, or a PostgreSQL URL;
+    the scripted model server) with `config`, its page on uvicorn, and a client signed in
+    with the page's CSRF header."""
+    with ScriptedLLM() if llm is None else contextlib.nullcontext(llm) as llm:
         cfg = Config.model_validate(
             {
                 "memsum_models": [llm.model_config("test/chat", model="chat", context_window=8000)],
@@ -337,7 +342,8 @@ async def small_page(tmp: Path, **config: Any) -> AsyncIterator[tuple[Runtime, h
                 **config,
             }
         )
-        rt = await runtime.build(cfg, tmp / "small.db", ["小记"], {"10001"})
+        where = location / "small.db" if isinstance(location, Path) else location
+        rt = await runtime.build(cfg, where, ["小记"], {"10001"})
         app = create_app(lambda: rt, TOKEN)
         root = FastAPI()
         root.mount("/memsum", app)
@@ -383,3 +389,105 @@ async def test_the_daily_cap_shows_today_in_memsum_timezone_as_the_bot_counts_it
         now[0] = MIDNIGHT + 86400 + 60
         d = (await owner.get(f"api/sessions/{G}")).json()
         assert d["daily_cap"] == {"cap": 1000, "used": 0, "ratio": 0.0, "spent": False}
+
+
+# ---- member text on a phone ---------------------------------------------------------------
+LONG_URL = "https://pan.example.com/s/" + "Ab3" * 700 + "?pwd=8x7k"
+RTL = "\u202e这句话被反过来了\u202c 后面的字"
+ZERO_WIDTH = "提\u200b取\u200c码\u200d：\ufeff6666"
+PASTE = "日志行 " * 4000
+
+
+async def test_on_a_phone_member_text_stays_text_in_its_box_and_links_nowhere(
+    env: WebEnv, browser: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from playwright.async_api import expect
+
+    # A group whose name is one unbroken run, members pasting a long link, bidi overrides,
+    # zero-width characters and a 28,000-character log.
+    monkeypatch.setitem(web.NAMES, GROUP.place or "", "超长群名" + "啊" * 300)
+    for n, text in enumerate(
+        [LONG_URL, RTL, ZERO_WIDTH, PASTE, "[CQ:image,file=abc.jpg,url=https://x.example/a.jpg]"]
+    ):
+        await say(env.rt, text, 50 + n, 0)
+    context = await browser.new_context(
+        viewport={"width": 390, "height": 844}, is_mobile=True, locale="zh-CN"
+    )
+    page = await context.new_page()
+    await page.goto(env.base + "/")
+    await page.fill("#token", TOKEN)
+    await page.click("#login-form button[type=submit]")
+    await expect(page.locator("#sessions")).to_be_visible()
+    width = "document.documentElement.scrollWidth"
+    assert await page.evaluate(width) <= 390, "the overview scrolls sideways on a phone"
+    await page.click(f"tr.session-row[data-id='{GROUP.id}']")
+    recent = page.locator("#recent")
+    await expect(recent).to_contain_text("pwd=8x7k")
+    await expect(recent).to_contain_text("[CQ:image,file=abc.jpg")
+    await expect(page.locator("#daily-cap")).to_contain_text("不限")
+    assert await page.evaluate(width) <= 390, "the session page scrolls sideways on a phone"
+    # Chat text is never made a link: no member-posted URL can take the page (and its
+    # address in a Referer) anywhere.
+    assert await page.locator("#main a[href*='example']").count() == 0
+    # The bidi override and the zero-width characters are shown as they were said.
+    texts = await recent.locator(".msg").all_inner_texts()
+    assert any("这句话被反过来了" in t for t in texts)
+    assert any("\u200b" in t for t in texts)
+    box = await page.locator("#recent .msg .pre").last.bounding_box()
+    assert box is not None
+    assert box["width"] <= 390
+    await context.close()
+
+
+# ---- both engines; a session cleared or forgotten while its page is open -------------------------
+async def test_the_page_on_both_engines_and_a_session_cleared_then_forgotten_while_open(
+    location: Path | str, tmp_path: Path
+) -> None:
+    where: Path | str = tmp_path if isinstance(location, Path) else location
+    with ScriptedLLM() as llm:
+        llm.on_request(lambda body: Reply(SUMMARY) if "摘要" in str(body["messages"][0]) else None)
+        async with small_page(where, llm) as (rt, owner):
+            for n in range(1, 13):
+                await say(rt, f"第{n}句：提取码是{1000 + n}，周末去爬山", n, 1_700_000_000 + n * 60)
+            assert (await rt.compression.compress(GROUP.id)).outcome == "done"
+            await say(rt, "压缩之后说的话", 20, 1_700_000_000 + 3600)
+            status = await rt.compression.status(GROUP.id)
+            d = (await owner.get(f"api/sessions/{G}")).json()
+            assert len(d["kept"]) == status.kept_messages
+            assert d["recent"][-1]["content"] == "[成员20(30020)] 压缩之后说的话"
+            assert d["active"] == status.active_messages
+            assert [s["title"] for s in d["summary"]["sections"]][:1] == ["最近在聊什么"]
+            found = (await owner.get(f"api/sessions/{G}/search", params={"q": "1003"})).json()
+            assert [r["hit"]["content"] for r in found["results"]] == [
+                "[成员3(30003)] 第3句：提取码是1003，周末去爬山"
+            ]
+            assert [m["content"][:11] for m in found["results"][0]["before"]] == [
+                "[成员1(30001)",
+                "[成员2(30002)",
+            ]
+            row = next(s for s in (await owner.get("api/overview")).json()["sessions"] if s["id"] == GROUP.id)
+            archived = row["archived"]
+            assert (row["active"], archived > 0) == (status.active_messages, True)
+            # Cleared from QQ (/清除) while the page is open: the next poll shows it empty,
+            # the archive still counted and searchable, the page still there.
+            await rt.compression.clear(GROUP.id, "context")
+            d = (await owner.get(f"api/sessions/{G}")).json()
+            assert (d["kept"], d["recent"], d["active"], d["summary"]["sections"]) == ([], [], 0, [])
+            row = next(s for s in (await owner.get("api/overview")).json()["sessions"] if s["id"] == GROUP.id)
+            assert row["active"] == 0
+            assert row["archived"] == archived + status.active_messages + 1  # the divider too
+            # Forgotten (api.delete_session) while the page is open: every read and every
+            # change answers 404 in Chinese, and no change brings a row of it back.
+            await rt.compression.delete_session(GROUP.id)
+            assert (await owner.get(f"api/sessions/{G}")).json() == {"detail": "没有这个会话"}
+            for path, body in [
+                (f"api/sessions/{G}/settings", {"name": "mode", "value": "关"}),
+                (f"api/sessions/{G}/compress", {}),
+                (f"api/sessions/{G}/clear", {"kind": "context", "confirm": True}),
+            ]:
+                resp = await owner.post(path, json=body)
+                assert (resp.status_code, resp.json()["detail"]) == (404, "没有这个会话"), path
+            assert (await owner.get(f"api/sessions/{G}/search", params={"q": "1003"})).status_code == 404
+            assert await rt.store.get_settings("session", GROUP.id) == {}
+            assert await rt.store.get_session(GROUP.id) is None
+            assert GROUP.id not in {s["id"] for s in (await owner.get("api/overview")).json()["sessions"]}
