@@ -132,7 +132,7 @@ class CompressionRecord:
 
 @dataclass(frozen=True, slots=True)
 class SessionActivity:
-    """What the overview shows of one session that has history: its record (None for a
+    """What the overview shows of one session: its record (None for a
     session without one), message counts, and its last chat call's prompt size."""
 
     session_id: str

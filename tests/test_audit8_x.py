@@ -24,9 +24,11 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
+from nonebug import App
 
 from nonebot_plugin_memsum import clock, runtime
 from nonebot_plugin_memsum.config import Config
+from nonebot_plugin_memsum.onebot import group_record
 from nonebot_plugin_memsum.runtime import Runtime
 from nonebot_plugin_memsum.store import Store
 from nonebot_plugin_memsum.store.store import SUMMARY_NAMESPACE
@@ -35,6 +37,7 @@ from nonebot_plugin_memsum.web import auth
 from nonebot_plugin_memsum.web.app import create_app
 from tests.fakes import web
 from tests.fakes.llm_server import Gate, Reply, ScriptedLLM
+from tests.fakes.nonebug import SELF_ID, group_msg, new_group, run
 from tests.fakes.proxy import NginxLikeProxy
 from tests.fakes.web import GROUP, SUMMARY, TOKEN, WebEnv, say, serving, web_env
 
@@ -491,3 +494,42 @@ async def test_the_page_on_both_engines_and_a_session_cleared_then_forgotten_whi
             assert await rt.store.get_settings("session", GROUP.id) == {}
             assert await rt.store.get_session(GROUP.id) is None
             assert GROUP.id not in {s["id"] for s in (await owner.get("api/overview")).json()["sessions"]}
+
+
+# ---- a command in QQ and the page: one set of settings, no restart ------------------------------
+async def test_a_group_switched_off_by_command_before_anyone_talked_is_on_the_page_and_back_on_from_it(
+    app: App,
+) -> None:
+    # The owner's first words in a new group: /记忆模式 关. Nothing is recorded there, yet
+    # the group is the owner's to see and to switch back on from the page (issue 10's
+    # controls beside each session, issue 12).
+    group = new_group()
+    record = group_record(SELF_ID, group)
+    await run(
+        app,
+        group_msg("/记忆模式 关", group),
+        "已将本群模式设为 关。\n现在：本群模式：关（本群）：不记录也不回答（命令照常可用）。",
+    )
+    await run(
+        app,
+        group_msg("/压缩线 0.5", group),
+        "已将本会话的压缩线设为 0.5。\n现在：压缩线 0.5（本会话）；"
+        "还没有用量记录，生效线在首次调用模型后才知道。",
+    )
+    page = FastAPI()
+    page.mount("/memsum", create_app(runtime.get, TOKEN))
+    async with serving(page) as base, httpx.AsyncClient(base_url=base + "/memsum/") as owner:
+        login = await owner.post("api/login", json={"token": TOKEN})
+        owner.headers["X-Memsum-CSRF"] = login.json()["csrf"]
+        rows = {s["id"]: s for s in (await owner.get("api/overview")).json()["sessions"]}
+        assert record.id in rows, "a group set to 关 by command is missing from the overview"
+        row = rows[record.id]
+        assert (row["kind"], row["number"], row["active"], row["archived"]) == ("群聊", str(group), 0, 0)
+        assert (row["settings"]["mode"]["text"], row["settings"]["mode"]["layer_label"]) == ("关", "本群")
+        assert row["settings"]["compress_at"]["text"] == "0.5"
+        sid = record.id.replace(":", "%3A")
+        d = (await owner.get(f"api/sessions/{sid}")).json()
+        assert (d["kept"], d["recent"], d["active"]) == ([], [], 0)
+        body = {"name": "mode", "scope": "place", "value": "开"}
+        assert (await owner.post(f"api/sessions/{sid}/settings", json=body)).json()["text"] == "开"
+    await run(app, group_msg("/记忆模式", group), "本群模式：开（本群）：记录并回答。")

@@ -689,9 +689,11 @@ class Tx:
         return {r[0]: CompressionRecord(*r) for r in rows}
 
     async def session_overview(self, usage_purpose: str) -> list[SessionActivity]:
-        """Every session with stored history: its record, active conversation messages
-        (as R-TRIG-4 counts them), archived messages, the time of its newest message and
-        the prompt size of its last `usage_purpose` call in the ledger."""
+        """Every session with stored history or a record: its record, active conversation
+        messages (as R-TRIG-4 counts them), archived messages, the time of its newest
+        message and the prompt size of its last `usage_purpose` call in the ledger. A
+        session with a record and nothing stored (a group set to 关 by its first command)
+        is listed with zeros: the owner's page shows it and its controls."""
         # The last call per session is one seek on (session_id, purpose), ids in order.
         counts = await self._fetch(
             "SELECT c.session_id, c.active, c.archived, c.newest_ts, l.tokens_in, l.model"
@@ -703,7 +705,7 @@ class Tx:
         records = {
             r[0]: _session_from_row(r) for r in await self._fetch(f"SELECT {_SESSION_COLUMNS} FROM sessions")
         }
-        return [
+        listed = [
             SessionActivity(
                 session_id=sid,
                 record=records.get(sid),
@@ -715,6 +717,13 @@ class Tx:
             )
             for sid, n_active, n_archived, newest_ts, usage, model in counts
         ]
+        seen = {a.session_id for a in listed}
+        listed += [
+            SessionActivity(sid, record, 0, 0, 0.0, None, None)
+            for sid, record in records.items()
+            if sid not in seen
+        ]
+        return listed
 
     async def all_settings(self) -> dict[tuple[str, str], dict[str, Any]]:
         """Every stored setting, by (scope, scope key), then by name."""
