@@ -533,3 +533,64 @@ async def test_a_group_switched_off_by_command_before_anyone_talked_is_on_the_pa
         body = {"name": "mode", "scope": "place", "value": "开"}
         assert (await owner.post(f"api/sessions/{sid}/settings", json=body)).json()["text"] == "开"
     await run(app, group_msg("/记忆模式", group), "本群模式：开（本群）：记录并回答。")
+
+
+# ---- a stranger without the token; another site ----------------------------------------------
+async def test_a_stranger_and_another_site_can_neither_read_nor_change_anything(env: WebEnv) -> None:
+    before = len(await env.rt.store.get_history(GROUP.id))
+    site = env.base.rsplit("/memsum", 1)[0]
+    async with httpx.AsyncClient(base_url=env.base + "/") as stranger:
+        # The address without its slash lands on the page; the page holds no data.
+        bare = await stranger.get(env.base)
+        assert bare.status_code in (307, 308)
+        assert bare.headers["location"].endswith("/memsum/")
+        page = await stranger.get("")
+        assert "爬山" not in page.text
+        assert TOKEN not in page.text
+        # Nothing outside the package's static folder, however the path is spelled.
+        for path in (
+            "static/../app.py",
+            "static/%2e%2e/app.py",
+            "static/..%2fapp.py",
+            "static/%2e%2e%2fweb.db",
+        ):
+            resp = await stranger.get(path)
+            assert resp.status_code == 404, path
+            assert "create_app" not in resp.text
+        # A form on another site posts what a form can post (urlencoded, text/plain with a
+        # body that looks like JSON): no sign-in, no change, no cookie.
+        for data, kind in [
+            ("token=" + TOKEN, "application/x-www-form-urlencoded"),
+            ('{"token": "' + TOKEN + '"}', "text/plain"),
+        ]:
+            headers = {"Content-Type": kind, "Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site"}
+            resp = await stranger.post("api/login", content=data, headers=headers)
+            assert resp.status_code in (403, 422), (kind, resp.status_code)
+            assert "set-cookie" not in resp.headers
+            headers["Origin"] = site  # even naming this site, a form's body is no sign-in
+            del headers["Sec-Fetch-Site"]
+            resp = await stranger.post("api/login", content=data, headers=headers)
+            assert resp.status_code == 422, kind
+            assert "set-cookie" not in resp.headers
+        # No CORS grant to any other site, for reads or changes.
+        pre = await stranger.options(
+            f"api/sessions/{G}/clear",
+            headers={
+                "Origin": "https://evil.example",
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "content-type,x-memsum-csrf",
+            },
+        )
+        assert "access-control-allow-origin" not in pre.headers
+        assert "access-control-allow-origin" not in (await stranger.get("api/overview")).headers
+    # Signed in, a GET never changes anything: the change routes take POST only.
+    async with httpx.AsyncClient(base_url=env.base + "/") as owner:
+        assert (await owner.post("api/login", json={"token": TOKEN})).status_code == 200
+        for path in (
+            f"api/sessions/{G}/clear?kind=context&confirm=true",
+            f"api/sessions/{G}/compress",
+            "api/logout",
+        ):
+            assert (await owner.get(path)).status_code == 405, path
+        assert (await owner.get("api/overview")).status_code == 200  # still signed in
+    assert len(await env.rt.store.get_history(GROUP.id)) == before
