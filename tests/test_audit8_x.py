@@ -33,9 +33,11 @@ from nonebot_plugin_memsum.runtime import Runtime
 from nonebot_plugin_memsum.store import Store
 from nonebot_plugin_memsum.store.store import SUMMARY_NAMESPACE
 from nonebot_plugin_memsum.types import Message
-from nonebot_plugin_memsum.web import auth
+from nonebot_plugin_memsum.web import auth, page_url
 from nonebot_plugin_memsum.web.app import create_app
 from tests.fakes import web
+from tests.fakes.botproc import BotProcess
+from tests.fakes.e2e import until
 from tests.fakes.llm_server import Gate, Reply, ScriptedLLM
 from tests.fakes.nonebug import SELF_ID, group_msg, new_group, run
 from tests.fakes.proxy import NginxLikeProxy
@@ -594,3 +596,34 @@ async def test_a_stranger_and_another_site_can_neither_read_nor_change_anything(
             assert (await owner.get(path)).status_code == 405, path
         assert (await owner.get("api/overview")).status_code == 200  # still signed in
     assert len(await env.rt.store.get_history(GROUP.id)) == before
+
+
+async def said(text: str, bot: BotProcess) -> bool:
+    return text in bot.log()
+
+
+# ---- bound to every address ------------------------------------------------------------------
+async def test_bound_to_0_0_0_0_the_start_up_line_gives_an_address_a_browser_opens(tmp_path: Path) -> None:
+    # HOST=0.0.0.0 so a phone on the home network reaches the page: the start-up line is
+    # the link the owner copies, and http://0.0.0.0:… is no address a browser should open
+    # (Chromium refuses it since its Private Network Access change).
+    web_token = "web-token-0f9e8d7c6b5a4"
+    bot = BotProcess(tmp_path, env={"HOST": "0.0.0.0", "MEMSUM_WEB_TOKEN": web_token}, log_level="INFO")
+    async with bot:
+        await until(lambda: said("memsum: web page", bot), "the web page's start-up line")
+        (line,) = [x for x in bot.log().splitlines() if "memsum: web page" in x]
+        assert "0.0.0.0" not in line.split("(", 1)[0], line
+        assert f"http://127.0.0.1:{bot.port}/memsum/" in line
+        # A phone on the LAN: plain http to the machine's address (no Sec-Fetch-Site, not a
+        # secure context), Host and Origin both that address.
+        lan = f"192.168.1.5:{bot.port}"
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{bot.port}/memsum/", timeout=10) as phone:
+            headers = {"Host": lan, "Origin": f"http://{lan}"}
+            resp = await phone.post("api/login", json={"token": web_token}, headers=headers)
+            assert resp.status_code == 200, resp.text
+            assert (await phone.get("api/overview", headers={"Host": lan})).status_code == 200
+    assert web_token not in bot.log()
+    # The other spellings of "every address" and of one address.
+    assert page_url("::", 8080).startswith("http://127.0.0.1:8080/memsum/ (HOST=::")
+    assert page_url("::1", 8080) == "http://[::1]:8080/memsum/"
+    assert page_url("192.168.1.5", 8080) == "http://192.168.1.5:8080/memsum/"

@@ -36,12 +36,23 @@ def mount(driver: Driver, config: Config) -> None:
         access = logging.getLogger("uvicorn.access")
         if not any(isinstance(f, _NoQueryInAccessLog) for f in access.filters):
             access.addFilter(_NoQueryInAccessLog())
-        host, port = driver.config.host, driver.config.port
-        message = f"memsum: web page at http://{host}:{port}{PREFIX}/"
+        message = f"memsum: web page at {page_url(str(driver.config.host), driver.config.port)}"
 
     @driver.on_startup
     async def _say() -> None:
         logger.info(message)
+
+
+def page_url(host: str, port: int) -> str:
+    """The link the start-up line gives the owner. A bot bound to every address (HOST=0.0.0.0
+    or ::, so that a phone on the home network reaches it) is opened at 127.0.0.1 on its own
+    machine and at the machine's address from others: http://0.0.0.0:… is no address to open
+    (Chromium refuses it)."""
+    if host in ("0.0.0.0", "::"):
+        return f"http://127.0.0.1:{port}{PREFIX}/ (HOST={host}: from another device, this machine's address)"
+    if ":" in host:
+        host = f"[{host}]"  # an IPv6 address in a URL
+    return f"http://{host}:{port}{PREFIX}/"
 
 
 class _NoQueryInAccessLog(logging.Filter):
