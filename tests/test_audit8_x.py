@@ -28,7 +28,7 @@ from nonebug import App
 
 from nonebot_plugin_memsum import clock, runtime
 from nonebot_plugin_memsum.config import Config
-from nonebot_plugin_memsum.onebot import group_record
+from nonebot_plugin_memsum.onebot import group_record, private_record
 from nonebot_plugin_memsum.runtime import Runtime
 from nonebot_plugin_memsum.store import Store
 from nonebot_plugin_memsum.store.store import SUMMARY_NAMESPACE
@@ -627,3 +627,54 @@ async def test_bound_to_0_0_0_0_the_start_up_line_gives_an_address_a_browser_ope
     assert page_url("::", 8080).startswith("http://127.0.0.1:8080/memsum/ (HOST=::")
     assert page_url("::1", 8080) == "http://[::1]:8080/memsum/"
     assert page_url("192.168.1.5", 8080) == "http://192.168.1.5:8080/memsum/"
+
+
+async def test_the_overview_marks_the_places_whose_daily_cap_is_spent_today(
+    tmp_path: Path, browser: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from playwright.async_api import expect
+
+    now = [MIDNIGHT + 600]
+    monkeypatch.setattr(clock, "now", lambda: now[0])
+    spent, under, free = (group_record(SELF_ID, g) for g in (810001, 810002, 810003))
+    peer = private_record(SELF_ID, 20099)
+    async with small_page(tmp_path, memsum_timezone="Asia/Shanghai") as (rt, owner):
+        for record, tokens, cap in [
+            (spent, 1100, 1000),
+            (under, 500, 1000),
+            (free, 5000, 0),
+            (peer, 300, 200),
+        ]:
+            await rt.agent.record(record, Message(role="user", content="[甲(30001)] 你好", ts=now[0]))
+            await rt.store.record_usage(record.id, "对话", "test/chat", tokens - 100, 100)
+            if cap:
+                scope = "place" if record.kind == "group" else "session"
+                body = {"name": "daily_token_cap", "scope": scope, "value": cap}
+                resp = await owner.post(f"api/sessions/{record.id.replace(':', '%3A')}/settings", json=body)
+                assert resp.status_code == 200
+        rows = {s["id"]: s["daily_cap"] for s in (await owner.get("api/overview")).json()["sessions"]}
+        assert rows == {
+            spent.id: {"cap": 1000, "used": 1100, "spent": True},
+            under.id: {"cap": 1000, "used": 500, "spent": False},
+            free.id: {"cap": 0, "used": 5000, "spent": False},
+            peer.id: {"cap": 200, "used": 300, "spent": True},
+        }
+        for record in (spent, under, free, peer):  # what the bot decides by
+            assert (await rt.controls.used_today(record)) == rows[record.id]["used"]
+        page = await (await browser.new_context()).new_page()
+        await page.goto(str(owner.base_url))
+        await page.fill("#token", TOKEN)
+        await page.click("#login-form button[type=submit]")
+        await expect(page.locator("tr.session-row")).to_have_count(4)
+        for record in (spent, peer):
+            await expect(page.locator(f"tr.session-row[data-id='{record.id}']")).to_contain_text(
+                "今日限额已用完"
+            )
+        for record in (under, free):
+            await expect(page.locator(f"tr.session-row[data-id='{record.id}']")).not_to_contain_text("限额")
+        # Tomorrow in Shanghai: nothing is spent.
+        now[0] = MIDNIGHT + 86400 + 60
+        rows = {
+            s["id"]: s["daily_cap"]["spent"] for s in (await owner.get("api/overview")).json()["sessions"]
+        }
+        assert not any(rows.values())

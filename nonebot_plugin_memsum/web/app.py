@@ -168,6 +168,11 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
             names(),
             rt.store.meta_values(BACKOFF_NAMESPACE),  # R-BACK-3, as the service keeps it
         )
+        used_today: dict[str, int] = {}  # each place's day, as its daily cap counts it
+        for place_row in await rt.store.usage_rows(None, _midnight(rt)):
+            used_today[place_row.place] = (
+                used_today.get(place_row.place, 0) + place_row.tokens_in + place_row.tokens_out
+            )
         chat_model = rt.registry.resolve("chat")
         lines: dict[tuple[float, str | None], int | None] = {}
         rows = []
@@ -190,17 +195,19 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
                 # A clear of the context forgot its latest usage (as /摘要 says): the ledger's
                 # last call measured a memory that is gone.
                 act = dataclasses.replace(act, usage=None)
-            rows.append(
-                views.overview_row(
-                    act,
-                    place_names,
-                    settings,
-                    line,
-                    last.get(act.session_id),
-                    rt.compression.is_running(act.session_id),
-                    (backoff.failures, turns_left),
-                )
+            row = views.overview_row(
+                act,
+                place_names,
+                settings,
+                line,
+                last.get(act.session_id),
+                rt.compression.is_running(act.session_id),
+                (backoff.failures, turns_left),
             )
+            cap = int(settings["daily_token_cap"]["value"])
+            used = used_today.get(usage.usage_place(act.record), 0) if act.record else 0
+            row["daily_cap"] = {"cap": cap, "used": used, "spent": 0 < cap <= used}
+            rows.append(row)
         today_rows = views.usage_view(today, _models(rt))
         return {
             "sessions": rows,

@@ -147,7 +147,8 @@ async function overviewPage() {
     rows.sort((a, b) => { const x = sortValue(a, state.sort), y = sortValue(b, state.sort); return (x < y ? -1 : x > y ? 1 : 0) * (state.desc ? -1 : 1); });
     body.replaceChildren(...rows.map((s) => el("tr", { class: "clickable session-row", "data-id": s.id, onclick: () => { location.hash = "#/s/" + encodeURIComponent(s.id); } },
       el("td", { "data-label": "会话" }, el("div", {}, el("span", { class: "tag" }, s.kind), " ", s.name || s.number || s.id), subtitle(s) ? el("div", { class: "small muted" }, subtitle(s)) : null),
-      hasMode ? el("td", { "data-label": "模式" }, s.settings.mode ? s.settings.mode.text : "—") : null,
+      hasMode ? el("td", { "data-label": "模式" }, s.settings.mode ? s.settings.mode.text : "—",
+        s.daily_cap && s.daily_cap.spent ? [" ", el("span", { class: "tag bad", title: `今日 ${num(s.daily_cap.used)} / 限额 ${num(s.daily_cap.cap)}` }, "今日限额已用完")] : null) : null,
       el("td", { class: "num", "data-label": "活跃" }, num(s.active)),
       el("td", { class: "num", "data-label": "归档" }, num(s.archived)),
       el("td", { "data-label": "用量" }, gauge(s.usage_ratio, s.usage === null ? "无记录" : s.line ? `${num(s.usage)} / ${num(s.line)}` : `${num(s.usage)}（压缩线关）`)),
