@@ -334,7 +334,7 @@ async def test_a_session_of_100000_active_messages_opens_without_reading_them_al
 
 @asynccontextmanager
 async def small_page(
-    location: Path | str, llm: ScriptedLLM | None = None, **config: Any
+    location: Path | str, llm: ScriptedLLM | None = None, names: dict[str, str] | None = None, **config: Any
 ) -> AsyncIterator[tuple[Runtime, httpx.AsyncClient]]:
     """A runtime of its own (a SQLite file in the folder `location`, or a PostgreSQL URL;
     the scripted model server) with `config`, its page on uvicorn, and a client signed in
@@ -349,7 +349,11 @@ async def small_page(
         )
         where = location / "small.db" if isinstance(location, Path) else location
         rt = await runtime.build(cfg, where, ["小记"], {"10001"})
-        app = create_app(lambda: rt, TOKEN)
+
+        async def named() -> dict[str, str]:
+            return names or {}
+
+        app = create_app(lambda: rt, TOKEN, named)
         root = FastAPI()
         root.mount("/memsum", app)
         try:
@@ -678,3 +682,26 @@ async def test_the_overview_marks_the_places_whose_daily_cap_is_spent_today(
             s["id"]: s["daily_cap"]["spent"] for s in (await owner.get("api/overview")).json()["sessions"]
         }
         assert not any(rows.values())
+
+
+async def test_the_overview_orders_group_names_as_a_chinese_reader_does(tmp_path: Path, browser: Any) -> None:
+    from playwright.async_api import expect
+
+    names = {"group:820001": "张三的群", "group:820002": "阿里巴巴群", "group:820003": "北京爬山群"}
+    records = [group_record(SELF_ID, g) for g in (820001, 820002, 820003, 100000, 99999)]
+    async with small_page(tmp_path, names=names) as (rt, owner):
+        for record in records:
+            await rt.agent.record(record, Message(role="user", content="[甲(30001)] 你好", ts=1_700_000_000))
+        page = await (await browser.new_context(locale="zh-CN")).new_page()
+        await page.goto(str(owner.base_url))
+        await page.fill("#token", TOKEN)
+        await page.click("#login-form button[type=submit]")
+        await expect(page.locator("tr.session-row")).to_have_count(5)
+        head = page.locator("th[data-key='name']")
+        await head.click()
+        if "↑" not in await head.inner_text():
+            await head.click()
+        await expect(head).to_contain_text("↑")
+        order = await page.locator("tr.session-row").evaluate_all("rows => rows.map(r => r.dataset.id)")
+        # Numbers by value, then names by pinyin: a(阿), b(北), z(张) — not by code point (北 张 阿).
+        assert [o.rsplit(":", 1)[1] for o in order] == ["99999", "100000", "820002", "820003", "820001"]

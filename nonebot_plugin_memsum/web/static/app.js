@@ -111,9 +111,11 @@ function loginPage(message) {
   input.focus();
 }
 
+// Names as a Chinese reader orders them (by pinyin), numbers by their value (99999 before 100000).
+const byName = new Intl.Collator("zh-CN", { numeric: true });
 function sortValue(row, key) {
   switch (key) {
-    case "name": return (row.name || "") + row.number;
+    case "name": return row.name || row.number || row.id;
     case "active": return row.active;
     case "archived": return row.archived;
     case "count_ratio": return row.count_ratio ?? -1;
@@ -144,7 +146,9 @@ async function overviewPage() {
     const needle = state.filter.trim().toLowerCase();
     const rows = data.sessions.filter((s) => (!state.kind || s.kind === state.kind) &&
       (!needle || `${s.name} ${s.number} ${s.id}`.toLowerCase().includes(needle)));
-    rows.sort((a, b) => { const x = sortValue(a, state.sort), y = sortValue(b, state.sort); return (x < y ? -1 : x > y ? 1 : 0) * (state.desc ? -1 : 1); });
+    rows.sort((a, b) => { const x = sortValue(a, state.sort), y = sortValue(b, state.sort);
+      const order = typeof x === "string" ? byName.compare(x, y) : x < y ? -1 : x > y ? 1 : 0;
+      return order * (state.desc ? -1 : 1); });
     body.replaceChildren(...rows.map((s) => el("tr", { class: "clickable session-row", "data-id": s.id, onclick: () => { location.hash = "#/s/" + encodeURIComponent(s.id); } },
       el("td", { "data-label": "会话" }, el("div", {}, el("span", { class: "tag" }, s.kind), " ", s.name || s.number || s.id), subtitle(s) ? el("div", { class: "small muted" }, subtitle(s)) : null),
       hasMode ? el("td", { "data-label": "模式" }, s.settings.mode ? s.settings.mode.text : "—",
