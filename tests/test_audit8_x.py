@@ -705,3 +705,40 @@ async def test_the_overview_orders_group_names_as_a_chinese_reader_does(tmp_path
         order = await page.locator("tr.session-row").evaluate_all("rows => rows.map(r => r.dataset.id)")
         # Numbers by value, then names by pinyin: a(阿), b(北), z(张) — not by code point (北 张 阿).
         assert [o.rsplit(":", 1)[1] for o in order] == ["99999", "100000", "820002", "820003", "820001"]
+
+
+async def test_a_withdrawn_message_is_marked_in_the_recent_messages_and_kept_originals_too(
+    tmp_path: Path, browser: Any
+) -> None:
+    from playwright.async_api import expect
+
+    async with small_page(tmp_path) as (rt, owner):
+        for n in range(1, 4):
+            await rt.agent.record(
+                GROUP,
+                Message(
+                    role="user",
+                    content=f"[甲(30001)] 第{n}句：我的手机号是1390000000{n}",
+                    ts=1_700_000_000 + n,
+                    platform_id=f"m{n}",
+                ),
+            )
+        await rt.store.mark_withdrawn(GROUP.id, "m2")  # 撤回 in QQ (group_recall)
+        await rt.store.put_meta(
+            SUMMARY_NAMESPACE,
+            GROUP.id,
+            {"text": "## 最近在聊什么\n手机号", "time": 1_700_000_010, "kept_messages": 3},
+        )
+        d = (await owner.get(f"api/sessions/{G}")).json()
+        assert [m["withdrawn"] for m in d["recent"]] == [False, True, False]
+        assert [m["withdrawn"] for m in d["kept"]] == [False, True, False]
+        page = await (await browser.new_context()).new_page()
+        await page.goto(str(owner.base_url))
+        await page.fill("#token", TOKEN)
+        await page.click("#login-form button[type=submit]")
+        await page.click(f"tr.session-row[data-id='{GROUP.id}']")
+        recent = page.locator("#recent .msg")
+        await expect(recent).to_have_count(3)
+        await expect(recent.nth(1)).to_contain_text("已撤回")
+        await expect(recent.nth(0)).not_to_contain_text("已撤回")
+        await expect(page.locator("#kept .msg").nth(1)).to_contain_text("已撤回")

@@ -99,13 +99,17 @@ def summary_sections(text: str | None) -> list[dict[str, str]]:
     return sections
 
 
-def message_view(msg: Message, withdrawn: Collection[int] | None = None) -> dict[str, Any]:
-    """A message for the page; a search's (`withdrawn`: the ids it found withdrawn on the
-    platform) also says whether it was withdrawn."""
-    view: dict[str, Any] = {"id": msg.id, "ts": msg.ts, "role": msg.role, "content": msg.content}
-    if withdrawn is not None:
-        view["withdrawn"] = msg.id in withdrawn
-    return view
+def message_view(msg: Message, withdrawn: Collection[int] = ()) -> dict[str, Any]:
+    """A message for the page, with whether it was withdrawn on the platform (撤回): as the
+    store read it, or among the ids a search found withdrawn (`withdrawn`). Every list marks
+    it, not only the search's: 最近消息 and 保留原文 showed a withdrawn text unmarked."""
+    return {
+        "id": msg.id,
+        "ts": msg.ts,
+        "role": msg.role,
+        "content": msg.content,
+        "withdrawn": msg.withdrawn or msg.id in withdrawn,
+    }
 
 
 def kept_originals(head: Sequence[Message], kept: int) -> list[Message]:
