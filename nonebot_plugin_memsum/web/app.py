@@ -225,7 +225,6 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
             raise HTTPException(404, "没有这个会话")
         return record
 
-    @read.get("/sessions/{sid}")
     async def session_page(sid: str) -> dict[str, Any]:
         rt = get_runtime()
         record = await _existing(rt, sid)
@@ -289,7 +288,7 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
             "modes": MODE_WORDS,
         }
 
-    @read.get("/sessions/{sid}/search")
+    @read.get("/sessions/{sid:path}/search")
     async def search(
         sid: str, q: str, speaker: str | None = None, since: str | None = None, until: str | None = None
     ) -> dict[str, Any]:
@@ -320,7 +319,11 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
             ],
         }
 
-    @change.post("/sessions/{sid}/settings")
+    # Session ids are free-form (api.internal_session: "scheduler/daily"): the routes take
+    # a `/` in them, the bare page last so that …/search is the search's.
+    read.add_api_route("/sessions/{sid:path}", session_page, methods=["GET"])
+
+    @change.post("/sessions/{sid:path}/settings")
     async def change_setting(sid: str, body: SettingChange) -> dict[str, Any]:
         rt = get_runtime()
         record = await _existing(rt, sid)
@@ -356,7 +359,7 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
             "layer_label": resolved[name].layer_label,
         }
 
-    @change.post("/sessions/{sid}/compress", status_code=202)
+    @change.post("/sessions/{sid:path}/compress", status_code=202)
     async def compress(sid: str) -> dict[str, Any]:
         rt = get_runtime()
         await _existing(rt, sid)
@@ -365,7 +368,7 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
         live.start(rt, sid)
         return {"started": True}
 
-    @change.post("/sessions/{sid}/clear")
+    @change.post("/sessions/{sid:path}/clear")
     async def clear(sid: str, body: ClearRequest) -> dict[str, Any]:
         rt = get_runtime()
         await _existing(rt, sid)
