@@ -11,84 +11,26 @@ Each provider fixture cites where its bytes come from.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from nonebot_plugin_memsum import runtime
-from nonebot_plugin_memsum.agent.turn import Entry
-from nonebot_plugin_memsum.config import Config, ModelConfig
+from nonebot_plugin_memsum.config import ModelConfig
 from nonebot_plugin_memsum.llm.client import LLMClient, Usage
 from nonebot_plugin_memsum.llm.errors import LLMBadRequest, LLMStatusError, LLMStreamCut, is_context_too_long
 from nonebot_plugin_memsum.runtime import Runtime
 from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE
-from nonebot_plugin_memsum.types import Message, SessionRecord
+from nonebot_plugin_memsum.types import Message
+from tests.fakes import providers
 from tests.fakes.llm_server import API_KEY, Reply, ScriptedLLM
 from tests.fakes.logs import captured
+from tests.fakes.providers import APOLOGY, GROUP, MESSAGES, ask_in_group, sse
 from tests.fakes.service import GROUP as SERVICE_GROUP
 from tests.fakes.service import Make, seed
 from tests.test_compression_service_request import literal_fit, measured_fit
 
-GROUP = SessionRecord(
-    id="onebot:10000:group:7", platform="onebot", kind="group", place="group:7", room_class="room"
-)
-MESSAGES = [
-    {"role": "system", "content": "你是群聊里的 AI 助手。"},
-    {"role": "user", "content": "[小明(12345)] 今天晚上一起打游戏吗？"},
-]
-APOLOGY = "抱歉，我这边出了点问题，请稍后再试。"
-
-
-@pytest.fixture(autouse=True)
-def _fresh(llm: ScriptedLLM) -> None:
-    llm.reset()
-
-
-@pytest.fixture
-def model(llm: ScriptedLLM) -> ModelConfig:
-    return ModelConfig(**llm.model_config())
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[LLMClient]:
-    async def no_wait(_: float) -> None:
-        pass
-
-    client = LLMClient(timeout=5, sleep=no_wait)
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
-async def rt(tmp_path: Path, llm: ScriptedLLM) -> AsyncIterator[Runtime]:
-    config = Config(memsum_models=[ModelConfig(**llm.model_config())], memsum_persona="你是群助手小记。")
-    built = await runtime.build(config, tmp_path / "memsum.db", ["小记"], {"10001"})
-    try:
-        yield built
-    finally:
-        await runtime.close(built)
-
-
-async def ask_in_group(rt: Runtime, text: str) -> tuple[str, list[str]]:
-    await rt.agent.record(GROUP, Message(role="user", content=f"[小明(12345)] @小记 {text}", name="12345"))
-    sent: list[str] = []
-
-    async def reply(out: str) -> None:
-        sent.append(out)
-
-    outcome = await rt.agent.run_turn(GROUP.id, reply, Entry("onebot", "group"))
-    return outcome, sent
-
-
-def sse(*events: dict[str, Any] | str, end: str = "\n") -> bytes:
-    """An SSE body: dicts as `data:` JSON, strings as they are (comments, `[DONE]`)."""
-    out = []
-    for e in events:
-        line = e if isinstance(e, str) else f"data: {json.dumps(e, ensure_ascii=False)}"
-        out.append(f"{line}{end}{end}")
-    return "".join(out).encode()
+# The shared fixtures, bound here so that pytest finds them.
+fresh_llm, model, client, rt = providers.fresh_llm, providers.model, providers.client, providers.rt
 
 
 def delta(content: str | None = None, finish: str | None = None, **extra: Any) -> dict[str, Any]:

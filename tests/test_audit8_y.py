@@ -23,7 +23,17 @@ from typing import Any
 import pytest
 
 from tests.fakes.botproc import BotProcess
-from tests.fakes.e2e import SELF_ID, connected, group_sid, private_sid, query, until, wait_log
+from tests.fakes.e2e import (
+    SELF_ID,
+    connected,
+    group_sid,
+    private_sid,
+    query,
+    rows,
+    until,
+    wait_log,
+    wait_rows,
+)
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.onebot import SEND_ACTIONS, OneBotSim, at, plain_text, text
 
@@ -71,22 +81,6 @@ def is_chat(body: dict[str, Any]) -> bool:
 
 def chats(llm: ScriptedLLM) -> list[dict[str, Any]]:
     return [r for r in llm.requests if is_chat(r)]
-
-
-async def rows(bot: BotProcess, sid: str) -> list[tuple[str, str]]:
-    sql = "SELECT role, content FROM messages WHERE session_id = ? ORDER BY id"
-    return [(str(r[0]), str(r[1])) for r in await query(bot.db_path, sql, sid)]
-
-
-async def wait_rows(bot: BotProcess, sid: str, n: int, within: float = 20) -> list[tuple[str, str]]:
-    found: list[tuple[str, str]] = []
-
-    async def enough() -> bool:
-        found[:] = await rows(bot, sid)
-        return len(found) >= n
-
-    await until(enough, f"{n} messages stored in {sid}", within)
-    return found
 
 
 async def settled(bot: BotProcess, sid: str, n: int) -> list[tuple[str, str]]:

@@ -13,7 +13,6 @@ filters, rate limits, and whether the configuration can reach the provider at al
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,6 @@ import pytest
 from pydantic import ValidationError
 
 from nonebot_plugin_memsum import runtime
-from nonebot_plugin_memsum.agent.turn import Entry
 from nonebot_plugin_memsum.config import Config, ModelConfig
 from nonebot_plugin_memsum.errors import CompressionError
 from nonebot_plugin_memsum.llm.client import LLMClient, Usage
@@ -35,76 +33,25 @@ from nonebot_plugin_memsum.llm.errors import (
 )
 from nonebot_plugin_memsum.runtime import Runtime
 from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE
-from nonebot_plugin_memsum.types import Message, SessionRecord
+from nonebot_plugin_memsum.types import Message
+from tests.fakes import providers
 from tests.fakes.botproc import BotProcess
 from tests.fakes.e2e import connected, wait_log
 from tests.fakes.llm_server import API_KEY, Reply, ScriptedLLM
 from tests.fakes.logs import captured
 from tests.fakes.onebot import SEND_ACTIONS
+from tests.fakes.providers import APOLOGY, GROUP, MESSAGES, ask_in_group, sse
 from tests.fakes.service import GROUP as SERVICE_GROUP
 from tests.fakes.service import Make, seed
 from tests.test_compression_service_request import literal_fit
 
-GROUP = SessionRecord(
-    id="onebot:10000:group:8", platform="onebot", kind="group", place="group:8", room_class="room"
-)
-MESSAGES = [
-    {"role": "system", "content": "你是群聊里的 AI 助手。"},
-    {"role": "user", "content": "[小明(12345)] 今天晚上一起打游戏吗？"},
-]
-APOLOGY = "抱歉，我这边出了点问题，请稍后再试。"
+# The shared fixtures, bound here so that pytest finds them.
+fresh_llm, model, client, rt = providers.fresh_llm, providers.model, providers.client, providers.rt
 
 
-@pytest.fixture(autouse=True)
-def _fresh(llm: ScriptedLLM) -> None:
-    llm.reset()
-
-
-@pytest.fixture
-def model(llm: ScriptedLLM) -> ModelConfig:
-    return ModelConfig(**llm.model_config())
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[LLMClient]:
-    async def no_wait(_: float) -> None:
-        pass
-
-    client = LLMClient(timeout=5, sleep=no_wait)
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
-async def rt(tmp_path: Path, llm: ScriptedLLM) -> AsyncIterator[Runtime]:
-    config = Config(memsum_models=[ModelConfig(**llm.model_config())], memsum_persona="你是群助手小记。")
-    built = await runtime.build(config, tmp_path / "memsum.db", ["小记"], {"10001"})
-    try:
-        yield built
-    finally:
-        await runtime.close(built)
-
-
-async def ask_in_group(rt: Runtime, text: str) -> tuple[str, list[str]]:
-    await rt.agent.record(GROUP, Message(role="user", content=f"[小明(12345)] @小记 {text}", name="12345"))
-    sent: list[str] = []
-
-    async def reply(out: str) -> None:
-        sent.append(out)
-
-    outcome = await rt.agent.run_turn(GROUP.id, reply, Entry("onebot", "group"))
-    return outcome, sent
-
-
-def sse(*events: dict[str, Any] | str) -> bytes:
-    """An SSE body: dicts as `data:` JSON (compact, as these providers send it), strings as they are."""
-    out = []
-    for e in events:
-        line = (
-            e if isinstance(e, str) else f"data: {json.dumps(e, ensure_ascii=False, separators=(',', ':'))}"
-        )
-        out.append(f"{line}\n\n")
-    return "".join(out).encode()
+def sse_compact(*events: dict[str, Any] | str) -> bytes:
+    """`sse` with JSON as these providers send it: without spaces."""
+    return sse(*events, compact=True)
 
 
 def glm_chunk(content: str | None = None, finish: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -270,17 +217,17 @@ async def test_gemini_unknown_field_array_is_a_refused_parameter(
 # and "network_error" (模型推理异常). A GLM stream that ends with network_error and no content:
 # NousResearch/hermes-agent#92161 ("terminate a chat-completions stream cleanly with finish_reason:
 # network_error and zero content").
-GLM_SENSITIVE = sse(
+GLM_SENSITIVE = sse_compact(
     glm_chunk("关于这件事，"),
     glm_chunk("我可以告诉你"),
     glm_chunk("", finish="sensitive") | {"usage": GLM_USAGE},
     "data: [DONE]",
 )
-GLM_NETWORK_ERROR = sse(glm_chunk("", finish="network_error") | {"usage": GLM_USAGE}, "data: [DONE]")
+GLM_NETWORK_ERROR = sse_compact(glm_chunk("", finish="network_error") | {"usage": GLM_USAGE}, "data: [DONE]")
 # Azure OpenAI (learn.microsoft.com, "Content filtering", streaming: a first chunk with
 # `prompt_filter_results` and empty choices, `content_filter_results` on each chunk, and
 # finish_reason "content_filter" when the completion is filtered; the same reason at OpenAI).
-AZURE_FILTERED = sse(
+AZURE_FILTERED = sse_compact(
     {
         "choices": [],
         "created": 0,
@@ -369,7 +316,9 @@ async def test_a_glm_network_error_is_a_failure_not_silence(rt: Runtime, llm: Sc
 async def test_a_filtered_summary_is_not_stored(rt: Runtime, llm: ScriptedLLM) -> None:
     for i in range(4):
         await rt.agent.record(GROUP, Message(role="user", content=f"[小明(12345)] 第{i}句", name="12345"))
-    partial = sse(glm_chunk("【最近在聊什么】\n小明在"), glm_chunk("", finish="sensitive"), "data: [DONE]")
+    partial = sse_compact(
+        glm_chunk("【最近在聊什么】\n小明在"), glm_chunk("", finish="sensitive"), "data: [DONE]"
+    )
     llm.push(Reply(raw=partial))
     with pytest.raises(CompressionError) as caught:
         await rt.compression.compress(GROUP.id)
@@ -520,7 +469,7 @@ async def test_minimax_base_resp_error_as_a_stream_event_is_not_an_empty_answer(
 # opensquilla#225 quote it, the latter in the endpoint's JSON-array error shape). The stream: the
 # whole call in one delta, finish reason and usage on the same last chunk, then [DONE].
 SIGNATURE = "CiQBjz1rX7Ym0ZyOHbDNc3yZ5hPq2QdC4X0gmfY1c5r0pQ1s4GQKZQGPPWtfO8Nw+2Zb5iY"
-GEMINI_TOOL_CALL = sse(
+GEMINI_TOOL_CALL = sse_compact(
     {
         "choices": [
             {
@@ -592,7 +541,7 @@ async def test_gemini_3_tool_call_goes_back_with_its_thought_signature(rt: Runti
 # MiniMax-M2 through the OpenAI-compatible API (MiniMax-AI/MiniMax-M2 README, "Tool calling / Thinking":
 # the model's thinking comes in the content wrapped in <think>...</think> unless `reasoning_split` is
 # asked for); the last chunk carries `base_resp` with status_code 0, as MiniMax's answers do.
-MINIMAX_M2_STREAM = sse(
+MINIMAX_M2_STREAM = sse_compact(
     *(
         {
             "id": "0508a2b0c6d1",
@@ -628,7 +577,7 @@ async def test_minimax_m2_thinking_in_the_content_never_reaches_the_group(
 # ---- more of each provider's everyday shapes (coverage) --------------------------------------------
 # GLM-4.5+ thinking (docs.bigmodel.cn, "深度思考": `thinking: {"type": "enabled"}` by default on
 # GLM-4.5; the stream sends `reasoning_content` deltas before the `content` ones).
-GLM_THINKING = sse(
+GLM_THINKING = sse_compact(
     glm_chunk(reasoning_content="小明问晚上"),
     glm_chunk(reasoning_content="打不打游戏，先看群里约的时间。"),
     glm_chunk("八点"),
@@ -707,7 +656,7 @@ async def test_anthropic_429_retry_after_is_waited_for(llm: ScriptedLLM, model: 
 # Volcengine Ark (www.volcengine.com/docs/82379, "Chat API"): base_url https://ark.cn-beijing.volces.com/
 # api/v3, `model` is the endpoint id (ep-…) or the model id; doubao-seed thinking in `reasoning_content`;
 # usage in a last chunk with empty choices when stream_options.include_usage is set.
-ARK_STREAM = sse(
+ARK_STREAM = sse_compact(
     *(
         {
             "choices": [{"delta": d, "index": 0}],
@@ -766,7 +715,7 @@ async def test_ark_endpoint_id_is_sent_and_doubao_thinking_stays_out(
 async def test_gemini_usage_on_the_finishing_chunk(
     client: LLMClient, llm: ScriptedLLM, model: ModelConfig
 ) -> None:
-    body = sse(
+    body = sse_compact(
         {
             "choices": [{"delta": {"content": "周六", "role": "assistant"}, "index": 0}],
             "created": 1763900000,
