@@ -74,19 +74,37 @@ class Message:
         return not self.event_marker and self.role in CONVERSATION_ROLES
 
 
+REFUSED_KEY = "refused_by_review"
+"""`Message.metadata` key, True on a message the model provider's content review refused (its
+text made every request that carried it fail: llm/review.py found it). Stored as said (R-MEM-2, the
+owner's page shows it marked), but what reaches the model is `shown_content`: its label and
+REFUSED_TEXT, so the session's later requests (chat and summary) work again."""
+REFUSED_TEXT = "（这条消息未通过模型服务商的内容审核，已略去）"
 WITHDRAWN_TEXT = "（这条消息已撤回）"
 """What the model reads of a withdrawn message, after its `[昵称(ID)]` label."""
 _LABEL = re.compile(r"\[[^\[\]()\n]*\(\d+\)\] ")
 """A chat message's leading `[昵称(ID)] ` label (onebot/render.py `labelled`)."""
 
 
+def is_refused(m: Message) -> bool:
+    """Whether the provider's content review refused this message (REFUSED_KEY)."""
+    return bool(m.metadata) and m.metadata.get(REFUSED_KEY) is True
+
+
+def speaker_label(m: Message) -> str:
+    """A user message's `[昵称(ID)]` label (empty for none): who said it, without what."""
+    label = _LABEL.match(m.content) if m.role == "user" else None
+    return label.group(0).strip() if label else ""
+
+
 def shown_content(m: Message) -> str:
     """The content the model reads: as stored, or for a withdrawn message its label (the
-    record that someone said something stays) and WITHDRAWN_TEXT, as QQ's clients show it."""
-    if not m.withdrawn:
+    record that someone said something stays) and WITHDRAWN_TEXT, as QQ's clients show it;
+    for one the provider's content review refused, its label and REFUSED_TEXT."""
+    if not m.withdrawn and not (m.metadata and is_refused(m)):
         return m.content
     label = _LABEL.match(m.content) if m.role == "user" else None
-    return (label.group(0) if label else "") + WITHDRAWN_TEXT
+    return (label.group(0) if label else "") + (WITHDRAWN_TEXT if m.withdrawn else REFUSED_TEXT)
 
 
 RoomClass = Literal["room", "direct"]

@@ -182,7 +182,7 @@ def to_openai(m: Message) -> dict[str, Any]:
     """One stored message as an OpenAI chat message. Notices go in as user turns; a withdrawn
     message (撤回) as its label and a placeholder (`shown_content`), never its text."""
     if m.role == "tool":
-        return {"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content}
+        return {"role": "tool", "tool_call_id": m.tool_call_id, "content": shown_content(m)}
     if m.role == "assistant":
         out: dict[str, Any] = {"role": "assistant", "content": shown_content(m) or None}
         if m.tool_calls:
@@ -198,7 +198,7 @@ def to_openai(m: Message) -> dict[str, Any]:
     if m.role == "system":
         return {"role": "system", "content": m.content}
     if m.role == "notice":
-        return {"role": "user", "content": f"{NOTICE_PREFIX}{m.content}"}
+        return {"role": "user", "content": f"{NOTICE_PREFIX}{shown_content(m)}"}
     return {"role": "user", "content": shown_content(m)}
 
 

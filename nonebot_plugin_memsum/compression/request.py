@@ -94,6 +94,9 @@ class SummaryRequest:
     """The numbered parts this request carries, by number."""
     max_tokens: int
     is_last: bool
+    parts: tuple[Part, ...] = ()
+    """Every part it carries (re-sent and new), in order: a refusal by the provider's content
+    review is searched among them (llm/review.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,7 +354,15 @@ class ChunkPlan:
             offered=MappingProxyType({p.number: p for p in parts if p.number is not None}),
             max_tokens=self.budget.max_tokens,
             is_last=not rest,
+            parts=parts,
         )
+
+    def probe(self, parts: Sequence[Part], *, with_summary: bool = False) -> list[dict[str, str]]:
+        """A request like the next one carrying only `parts` (and the existing summary only
+        `with_summary`): a probe of whether the provider's content review takes them."""
+        summary = summary_part(self.template, self.summary) if with_summary else ""
+        user = _user_message(summary, SEPARATOR.join(p.text for p in parts), self.todos)
+        return [{"role": "system", "content": self.system}, {"role": "user", "content": user}]
 
     def after_reply(self, reply: ParsedReply) -> ChunkPlan:
         """The plan after the model answered the request `next_request()` gave."""

@@ -35,11 +35,12 @@ from nonebot_plugin_memsum.agent.turn import Agent, Entry
 from nonebot_plugin_memsum.compression.budget import budget_over_units, compression_line
 from nonebot_plugin_memsum.compression.keep import apply_count_rule
 from nonebot_plugin_memsum.compression.parse import parse_reply
-from nonebot_plugin_memsum.compression.request import ChunkPlan
+from nonebot_plugin_memsum.compression.request import ChunkPlan, SummaryRequest
 from nonebot_plugin_memsum.compression.templates import choose_template
 from nonebot_plugin_memsum.compression.trigger import Backoff, UsageFacts, compression_due, usage_due
 from nonebot_plugin_memsum.compression.units import (
     Estimators,
+    Part,
     Unit,
     build_units,
     cut_before_question,
@@ -53,17 +54,19 @@ from nonebot_plugin_memsum.errors import CompressionCancelled, CompressionError
 from nonebot_plugin_memsum.llm import (
     LLMClient,
     LLMError,
+    LLMInputRefused,
     LLMLengthLimit,
     LLMStatusError,
     Registry,
     in_chinese,
     is_context_too_long,
 )
+from nonebot_plugin_memsum.llm.review import PROBE_MAX_TOKENS, ProbeLimit, find_refused, refused_by_review
 from nonebot_plugin_memsum.llm.tokens import estimate_stored, estimate_text_tokens, stored_content_tokens
 from nonebot_plugin_memsum.lru import LRU, SESSIONS_KEPT, BoundedCache, KeyedLocks
 from nonebot_plugin_memsum.settings import Settings
 from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE, Store, StoreError
-from nonebot_plugin_memsum.types import CompressionRecord, Message
+from nonebot_plugin_memsum.types import REFUSED_KEY, CompressionRecord, Message, speaker_label
 
 RUNS_NAMESPACE = "compression"
 BACKOFF_NAMESPACE = "backoff"
@@ -85,6 +88,11 @@ STOPPED = "机器人正在关闭，压缩已取消"
 ABANDONED = "压缩被中途取消"
 IN_TURN = "不能在本会话正在进行的回合里压缩它，请在回合结束后再压缩"
 STORE_FAILED = "存储出错，压缩已回滚"
+SUMMARY_REFUSED = "已有摘要未通过模型服务商的内容审核（对话本身可以通过），请用 /清除摘要 清掉它"
+REFUSED_UNFOUND = "模型服务商的内容审核拒绝了摘要请求，但找不出是哪条消息"
+REVIEW_ROUNDS = 3
+"""Times one run may find refused messages and start its requests again (each a search of at
+most review.MAX_PROBES probes): the next run goes on from what this one marked."""
 # R-INJ-2: fixed, whatever the session.
 INJECTION_HEAD = (
     "保留的原文（如有）按原来的时间顺序排在之后的历史开头，已在下面的摘要里概括过，不是摘要之后发生的。"
@@ -121,6 +129,14 @@ def run_estimators() -> Estimators:
 
 class _ContextTooLong(Exception):
     """The provider refused a summary request as longer than its context."""
+
+    def __init__(self, cause: LLMError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class _InputRefused(Exception):
+    """The provider's content review refused a summary request for its input."""
 
     def __init__(self, cause: LLMError) -> None:
         super().__init__(str(cause))
@@ -844,10 +860,22 @@ class CompressionService:
 
         plan = await asyncio.to_thread(start_plan)
         effort = model.thinking_levels[0] if model.thinking_levels else None  # R-RUN-5: shallowest
+        rounds = 0
         while not plan.done:
             request = plan.next_request()
             try:
                 reply = await self._ask(run, model, request.messages, request.max_tokens, effort, session_id)
+            except _InputRefused as err:
+                # The provider's content review refused something in it: find the message(s),
+                # send them as a placeholder from now on (also in chat), and start again.
+                rounds += 1
+                if rounds > REVIEW_ROUNDS:
+                    raise CompressionError(f"摘要模型出错：{in_chinese(err.cause)}") from None
+                marked = await self._leave_out_refused(session_id, run, model, plan, request, effort)
+                span = [marked.get(m.id, m) if m.id is not None else m for m in span]
+                units = await asyncio.to_thread(build_units, span)
+                plan = await asyncio.to_thread(start_plan)
+                continue
             except _ContextTooLong as err:
                 if plan.rule == "spec":
                     raise CompressionError(f"摘要模型出错：{in_chinese(err.cause)}") from None
@@ -864,6 +892,59 @@ class CompressionService:
             estimate_stored(m) for m in snapshot if m.is_conversation
         )
         return await self._commit(session_id, run, before, span, template.name, outcome.summary, outcome.kept)
+
+    async def _leave_out_refused(
+        self,
+        session_id: str,
+        run: _Run,
+        model: Any,
+        plan: ChunkPlan,
+        request: SummaryRequest,
+        effort: str | None,
+    ) -> dict[int, Message]:
+        """The messages of `request` the provider's content review refuses, each alone (a
+        bisection of its parts, llm/review.py), marked in the store (REFUSED_KEY) so every later
+        request sends a placeholder for them; the marked messages by id. CompressionError when
+        it is the existing summary, or no message alone is refused."""
+
+        async def refused(parts: Sequence[Part], with_summary: bool = False) -> bool:
+            if run.cancelled.is_set():
+                raise _Cleared
+            run.requests += 1  # in the run's count and, answered, in the ledger like any call
+            probe = plan.probe(parts, with_summary=with_summary)
+            call = self.client.chat(
+                model,
+                probe,
+                purpose="摘要",
+                session_id=session_id,
+                max_tokens=PROBE_MAX_TOKENS,
+                reasoning_effort=effort,
+            )
+            try:
+                return await refused_by_review(call)
+            except LLMError as err:
+                raise CompressionError(f"摘要模型出错：{in_chinese(err)}") from err
+
+        parts = list(request.parts)
+        if plan.summary.strip() and not await refused(parts):
+            raise CompressionError(SUMMARY_REFUSED)  # the conversation alone passes
+        try:
+            culprits = await find_refused(parts, refused)
+        except ProbeLimit as stopped:
+            culprits = [p for p in stopped.found if isinstance(p, Part)]
+            logger.warning(
+                f"memsum: {session_id}: the search for refused messages stopped at its probe limit"
+            )
+        messages = {m.id: m for p in culprits for m in p.unit.messages if m.id is not None}
+        if not messages:
+            raise CompressionError(REFUSED_UNFOUND)
+        await self.store.mark_refused(session_id, sorted(messages))
+        who = ", ".join(f"{i} {speaker_label(m) or m.role}" for i, m in sorted(messages.items()))
+        logger.warning(
+            f"memsum: {session_id}: the provider's content review refused message(s) {who};"
+            " they are sent as a placeholder from now on"
+        )
+        return {i: replace(m, metadata={**m.metadata, REFUSED_KEY: True}) for i, m in messages.items()}
 
     async def _ask(
         self,
@@ -902,6 +983,8 @@ class CompressionService:
         except LLMError as err:
             if isinstance(err, LLMStatusError) and is_context_too_long(err.status, str(err)):
                 raise _ContextTooLong(err) from err
+            if isinstance(err, LLMInputRefused):
+                raise _InputRefused(err) from err
             raise CompressionError(f"摘要模型出错：{in_chinese(err)}") from err
         if run.cancelled.is_set():
             raise _Cleared

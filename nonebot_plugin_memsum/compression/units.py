@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from nonebot_plugin_memsum.types import Message, shown_content
+from nonebot_plugin_memsum.types import Message, is_refused, shown_content
 
 CUT = 200
 """R-RUN-3: tool arguments, tool results and notices are cut hard at this many characters."""
@@ -160,18 +160,19 @@ def indent_continuation(text: str) -> str:
 
 
 def render_message(m: Message, tool_names: Mapping[str, str]) -> str:
-    """One message as the summariser reads it (R-RUN-3); a withdrawn one (撤回) as its label
-    and a placeholder, so its text never enters a summary written after the withdrawal."""
+    """One message as the summariser reads it (R-RUN-3); a withdrawn one (撤回), or one the
+    provider's content review refused, as its label and a placeholder, so its text never enters
+    a summary written after the withdrawal (or the refusal)."""
     if m.role == "assistant":
-        text = shown_content(m) if m.withdrawn else visible_text(m)
+        text = shown_content(m) if m.withdrawn or is_refused(m) else visible_text(m)
         lines = [f"{ASSISTANT_PREFIX}{indent_continuation(text)}"] if text.strip() or not m.tool_calls else []
         lines += [f"调用 {c.name}({indent_continuation(c.arguments[:CUT])})" for c in m.tool_calls]
         return "\n".join(lines)
     if m.role == "tool":
         name = tool_names.get(m.tool_call_id or "") or m.name or "未知工具"
-        return f"工具结果({name}): {indent_continuation(m.content[:CUT])}"
+        return f"工具结果({name}): {indent_continuation(shown_content(m)[:CUT])}"
     if m.role == "notice":
-        return f"通知: {indent_continuation(m.content[:CUT])}"
+        return f"通知: {indent_continuation(shown_content(m)[:CUT])}"
     return indent_continuation(shown_content(m))
 
 

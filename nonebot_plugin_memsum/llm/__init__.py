@@ -8,6 +8,7 @@ from .errors import (
     LLMConnectError,
     LLMContentFilter,
     LLMError,
+    LLMInputRefused,
     LLMLengthLimit,
     LLMRateLimited,
     LLMServerError,
@@ -16,6 +17,7 @@ from .errors import (
     LLMTimeout,
     in_chinese,
     is_context_too_long,
+    is_input_refused,
 )
 from .registry import Registry
 from .tokens import aload_encoding, encoding_name, estimate_msg_tokens, estimate_text_tokens, load_encoding
@@ -29,6 +31,7 @@ __all__ = [
     "LLMConnectError",
     "LLMContentFilter",
     "LLMError",
+    "LLMInputRefused",
     "LLMLengthLimit",
     "LLMRateLimited",
     "LLMServerError",
@@ -45,5 +48,6 @@ __all__ = [
     "estimate_text_tokens",
     "in_chinese",
     "is_context_too_long",
+    "is_input_refused",
     "load_encoding",
 ]

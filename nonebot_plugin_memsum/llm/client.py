@@ -452,7 +452,7 @@ def _status_error(model: ModelConfig, resp: httpx.Response, body: Mapping[str, A
         model_id=model.id,
         retry_after=_retry_after(resp.headers.get("retry-after")),
     )
-    if isinstance(err, LLMBadRequest) and resp.status_code == 400:
+    if type(err) is LLMBadRequest and resp.status_code == 400:  # not a content review's refusal
         err.refused = refused_parameter(body, resp.content.decode("utf-8", "replace"))
     return err
 

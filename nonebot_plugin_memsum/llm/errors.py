@@ -10,6 +10,7 @@ The hierarchy:
     - LLMRateLimited
     - LLMServerError
     - LLMBadRequest
+      · LLMInputRefused
   + LLMStreamCut
   + LLMLengthLimit
   + LLMContentFilter
@@ -78,6 +79,39 @@ def is_context_too_long(status: int, message: str) -> bool:
     return (status in (400, 413, 422) or status >= 500) and _CONTEXT_TOO_LONG.search(message) is not None
 
 
+# How providers word "your request's input did not pass our content review" (they review every
+# request's input and refuse the whole request): Zhipu GLM (HTTP 400, code 1301, "系统检测到输入或生成
+# 内容可能包含不安全或敏感内容，请您避免输入易产生敏感内容的提示语，感谢您的配合。", langchain4j/
+# langchain4j#1079), DashScope/Qwen (HTTP 400, code data_inspection_failed, "Input data may contain
+# inappropriate content." camel-ai/owl#432, Samueli924/chaoxing#539; "<400> InternalError.Algo.
+# DataInspectionFailed: Input text data may contain inappropriate content." CommandCodeAI/
+# command-code#813; the older "Input or output data may contain inappropriate content." 1Panel-dev/
+# MaxKB#1085), Moonshot/Kimi (HTTP 400, type content_filter, "The request was rejected because it
+# was considered high risk", 666ghj/BettaFish#368), Volcengine Ark (HTTP 400, code
+# InputTextSensitiveContentDetected, "The request failed because the input text may contain
+# sensitive information.", Ark's 错误码 page), Azure OpenAI (HTTP 400, code content_filter, "The
+# response was filtered due to the prompt triggering Azure OpenAI's content management policy.",
+# Azure OpenAI "Content filtering" docs), DeepSeek (HTTP 400, "Content Exists Risk", 666ghj/
+# BettaFish#108, deepseek-ai/DeepSeek-V2#30), MiniMax (base_resp 1026 "input new_sensitive",
+# esengine/DeepSeek-Reasonix#6818) and the one-api/new-api gateways ("input contains sensitive
+# words: [...]", code sensitive_words_detected, openai/openai-cookbook#1224). An output filter is
+# another thing (finish_reason content_filter / sensitive: LLMContentFilter).
+_INPUT_REFUSED = re.compile(
+    r"可能包含不安全或敏感内容|input (?:text )?data may contain inappropriate content"
+    r"|input or output data may contain inappropriate content|considered high risk"
+    r"|input text may contain sensitive information|inputtextsensitivecontentdetected"
+    r"|prompt triggering .{0,40}content management policy|content exists risk"
+    r"|input new_sensitive|input contains sensitive words",
+    re.IGNORECASE,
+)
+
+
+def is_input_refused(status: int, message: str) -> bool:
+    """Whether an HTTP error answers that the provider's content review refused the request's
+    input (a 400, 403, 422 or 451 that says so): not a refused parameter, not a context too long."""
+    return status in (400, 403, 422, 451) and _INPUT_REFUSED.search(message) is not None
+
+
 class LLMError(MemsumError):
     """A model request failed."""
 
@@ -124,6 +158,11 @@ class LLMBadRequest(LLMStatusError):
     does not accept, when it names one."""
 
 
+class LLMInputRefused(LLMBadRequest):
+    """The provider's content review refused the request for something in its input
+    (`is_input_refused`): the same request fails every time; what trips it must be left out."""
+
+
 class LLMStreamCut(LLMError):
     """The reply broke off mid-way (no finish reason, no `[DONE]`, or a dropped connection)."""
 
@@ -157,6 +196,8 @@ def status_error(status: int, message: str, *, model_id: str, retry_after: float
         cls = LLMRateLimited
     elif status >= 500:
         cls = LLMServerError
+    elif status >= 400 and is_input_refused(status, message):
+        cls = LLMInputRefused
     elif status >= 400:
         cls = LLMBadRequest
     else:
@@ -170,6 +211,7 @@ _IN_CHINESE: tuple[tuple[type[LLMError], str], ...] = (
     (LLMAuthError, "不认这个密钥（密钥不对，或没有这个模型的权限）"),
     (LLMRateLimited, "请求太频繁或额度已用完"),
     (LLMServerError, "服务端出错"),
+    (LLMInputRefused, "的内容审核拒绝了这个请求（输入里有它认为不宜的内容）"),
     (LLMBadRequest, "拒绝了这个请求"),
     (LLMStreamCut, "回复中途断开"),
     (LLMLengthLimit, "输出到上限被截断"),

@@ -22,7 +22,7 @@ import dataclasses
 import datetime
 import json
 import math
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -33,6 +33,7 @@ from nonebot_plugin_memsum import clock
 from nonebot_plugin_memsum.errors import StoreError
 from nonebot_plugin_memsum.lru import LRU
 from nonebot_plugin_memsum.types import (
+    REFUSED_KEY,
     CompressionRecord,
     DailyUsage,
     Message,
@@ -349,6 +350,26 @@ class Tx:
             "UPDATE messages SET withdrawn = 1 WHERE session_id = ? AND platform_id = ?",
             (session_id, platform_id),
         )
+
+    async def mark_refused(self, session_id: str, ids: Sequence[int]) -> None:
+        """The model provider's content review refused these messages of the session
+        (llm/review.py): their metadata gets REFUSED_KEY, so what reaches the model from now on
+        is a placeholder (`shown_content`); the text stays stored (R-MEM-2). The session's
+        cached history is read again."""
+        if not ids:
+            return
+        self._touched.add(session_id)
+        marks = ", ".join("?" * len(ids))
+        rows = await self._fetch(
+            f"SELECT id, metadata FROM messages WHERE session_id = ? AND id IN ({marks})", (session_id, *ids)
+        )
+        for msg_id, metadata in rows:
+            value = json.loads(metadata) if metadata else {}
+            value[REFUSED_KEY] = True
+            await self._write(
+                "UPDATE messages SET metadata = ? WHERE id = ?",
+                (_dump_json(value, "message metadata"), msg_id),
+            )
 
     async def stored_platform_ids(self, session_id: str, said: Mapping[str, float]) -> set[str]:
         """Those of the platform ids in `said` (id → when it was said) the session stored
@@ -1141,6 +1162,10 @@ class Store:
     async def mark_withdrawn(self, session_id: str, platform_id: str) -> None:
         async with self._statement() as tx:
             await tx.mark_withdrawn(session_id, platform_id)
+
+    async def mark_refused(self, session_id: str, ids: Sequence[int]) -> None:
+        async with self.transaction() as tx:
+            await tx.mark_refused(session_id, ids)
 
     async def stored_platform_ids(self, session_id: str, said: Mapping[str, float]) -> set[str]:
         async with self._statement() as tx:

@@ -1,0 +1,383 @@
+"""Audit 8 (m): one message a provider's content review refuses must not kill a group's memory.
+
+Chinese providers review the input of every request and refuse the whole request when any part
+of it is judged sensitive. In a QQ group one member's message (politics, porn spam, a scam link)
+then poisoned every later request of that group: every chat turn failed with MEMSUM_ERROR_REPLY
+while it was in the active history, and the compression's summary request (R-RUN-1 sends the
+whole active history) was refused on every try, so R-RUN-11 / R-BACK backed off for ever and the
+memory never compressed again. These scenarios replay each provider's real refusal body through
+the scripted OpenAI-compatible server (refusing any request whose body holds a given phrase),
+the real client, the real store (both engines where the mark is stored) and the real compression
+service and agent, and one through bot.py and the OneBot simulator.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nonebot_plugin_memsum.config import ModelConfig
+from nonebot_plugin_memsum.errors import CompressionError
+from nonebot_plugin_memsum.llm.client import LLMClient
+from nonebot_plugin_memsum.llm.errors import (
+    LLMInputRefused,
+    in_chinese,
+    is_context_too_long,
+    is_input_refused,
+)
+from nonebot_plugin_memsum.llm.review import ProbeLimit, find_refused
+from nonebot_plugin_memsum.types import REFUSED_KEY, REFUSED_TEXT, Message, is_refused
+from tests.fakes.llm_server import Reply, ScriptedLLM, transcript
+from tests.fakes.service import (
+    GROUP,
+    NOTHING_KEPT,
+    OLD_SUMMARY,
+    Env,
+    Make,
+    conversation_of,
+    existing_summary_of,
+    seed,
+    summary_of,
+)
+from tests.test_audit8_z import ZHIPU_1301
+
+PHRASE = "某敏感口号"
+"""What the scripted provider's review refuses, wherever it is in a request."""
+
+# ---- each provider's refusal, as its documentation and bug reports show it ------------------
+# DashScope/Qwen (OpenAI-compatible mode): camel-ai/owl#432 and Samueli924/chaoxing#539 (HTTP 400,
+# code and type data_inspection_failed, id and request_id beside the error).
+DASHSCOPE = {
+    "error": {
+        "code": "data_inspection_failed",
+        "param": None,
+        "message": "Input data may contain inappropriate content.",
+        "type": "data_inspection_failed",
+    },
+    "id": "chatcmpl-11a6c2af-d157-44b6-b7fb-b7ec00f936b0",
+    "request_id": "11a6c2af-d157-44b6-b7fb-b7ec00f936b0",
+}
+# DashScope's newer wording: CommandCodeAI/command-code#813 (HTTP 400, the same code and type).
+DASHSCOPE_ALGO = {
+    "error": {
+        "message": "<400> InternalError.Algo.DataInspectionFailed: Input text data may contain "
+        "inappropriate content.",
+        "type": "data_inspection_failed",
+        "param": None,
+        "code": "data_inspection_failed",
+    }
+}
+# Moonshot/Kimi: 666ghj/BettaFish#368 (HTTP 400, type content_filter, param prompt).
+MOONSHOT = {
+    "error": {
+        "code": 400,
+        "message": "The request was rejected because it was considered high risk",
+        "param": "prompt",
+        "type": "content_filter",
+    }
+}
+# Volcengine Ark: code InputTextSensitiveContentDetected with this message (Ark's 错误码 page, as
+# the projects that map it quote it), in Ark's OpenAI-style {"error": {code, message, param, type}}.
+ARK = {
+    "error": {
+        "code": "InputTextSensitiveContentDetected",
+        "message": "The request failed because the input text may contain sensitive information. "
+        "Request id: 021718067849267d2b8f7f0b8e5d1c0f0a1b2c3d4e5f6a7b8c9d0",
+        "param": "",
+        "type": "BadRequest",
+    }
+}
+# Azure OpenAI: openai/openai-python#331, compl-ai/compl-ai#20 (HTTP 400, code content_filter, the
+# prompt's filter results under innererror).
+AZURE = {
+    "error": {
+        "message": "The response was filtered due to the prompt triggering Azure OpenAI's content "
+        "management policy. Please modify your prompt and retry. To learn more about our content "
+        "filtering policies please read our documentation: https://go.microsoft.com/fwlink/?linkid=2198766",
+        "type": None,
+        "param": "prompt",
+        "code": "content_filter",
+        "status": 400,
+        "innererror": {
+            "code": "ResponsibleAIPolicyViolation",
+            "content_filter_result": {
+                "hate": {"filtered": False, "severity": "safe"},
+                "jailbreak": {"filtered": False, "detected": False},
+                "self_harm": {"filtered": False, "severity": "safe"},
+                "sexual": {"filtered": False, "severity": "safe"},
+                "violence": {"filtered": True, "severity": "medium"},
+            },
+        },
+    }
+}
+# DeepSeek: 666ghj/BettaFish#108 (HTTP 400, type and code invalid_request_error).
+DEEPSEEK = {
+    "error": {
+        "message": "Content Exists Risk",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "invalid_request_error",
+    }
+}
+# one-api / new-api gateways in front of any of them: openai/openai-cookbook#1224.
+GATEWAY = {
+    "error": {
+        "message": "input contains sensitive words: [某敏感口号] (request id: 2024052315200716060)",
+        "type": "new_api_error",
+        "param": "",
+        "code": "sensitive_words_detected",
+    }
+}
+REFUSALS = {
+    "zhipu-1301": ZHIPU_1301,
+    "dashscope": DASHSCOPE,
+    "dashscope-algo": DASHSCOPE_ALGO,
+    "moonshot": MOONSHOT,
+    "ark": ARK,
+    "azure": AZURE,
+    "deepseek": DEEPSEEK,
+    "gateway": GATEWAY,
+}
+
+
+def refusing(body: dict[str, Any], otherwise: Reply | Callable[[dict[str, Any]], Reply]) -> Any:
+    """The provider: a request whose body holds PHRASE gets the refusal, any other `otherwise`."""
+
+    def answer(request: dict[str, Any]) -> Reply:
+        if PHRASE in json.dumps(request, ensure_ascii=False):
+            return Reply(status=400, raw=json.dumps(body, ensure_ascii=False))
+        return otherwise if isinstance(otherwise, Reply) else otherwise(request)
+
+    return answer
+
+
+@pytest.fixture
+async def client() -> Any:
+    async def no_wait(_: float) -> None:
+        pass
+
+    client = LLMClient(timeout=5, sleep=no_wait)
+    yield client
+    await client.aclose()
+
+
+# ---- 1. knowing a refusal of the input --------------------------------------------------------
+@pytest.mark.parametrize("body", REFUSALS.values(), ids=REFUSALS.keys())
+async def test_each_providers_input_review_refusal_is_known_as_one(
+    client: LLMClient, llm: ScriptedLLM, body: dict[str, Any]
+) -> None:
+    llm.reset()
+    llm.push(Reply(status=400, raw=json.dumps(body, ensure_ascii=False)))
+    model = ModelConfig(**llm.model_config())
+    with pytest.raises(LLMInputRefused) as caught:
+        await client.chat(model, [{"role": "user", "content": "你好"}], purpose="对话")
+    assert len(llm.requests) == 1  # refused for good: never retried, no parameter dropped
+    assert caught.value.refused is None
+    assert "内容审核" in in_chinese(caught.value)
+
+
+async def test_minimax_sensitive_input_in_base_resp_is_an_input_refusal(
+    client: LLMClient, llm: ScriptedLLM
+) -> None:
+    # MiniMax answers HTTP 200 with base_resp 1026 "input new_sensitive" (esengine/
+    # DeepSeek-Reasonix#6818: "MiniMax 官方定义 1026 / input new_sensitive 为输入内容涉敏").
+    from tests.test_audit8_z import minimax_error
+
+    llm.reset()
+    llm.push(Reply(raw=minimax_error(1026, "input new_sensitive")))
+    model = ModelConfig(**llm.model_config())
+    with pytest.raises(LLMInputRefused):
+        await client.chat(model, [{"role": "user", "content": "你好"}], purpose="对话")
+
+
+@pytest.mark.parametrize(
+    ("status", "message"),
+    [
+        # A refused parameter (openai_max_tokens_400.json's words), a context too long (OpenAI,
+        # Zhipu 1261), an output filter's words (Ark's OutputTextSensitiveContentDetected), rate
+        # limits with a review-like word: none of them is a refusal of the input.
+        (400, "Unsupported parameter: 'max_tokens' is not supported with this model."),
+        (400, "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000"),
+        (400, "Prompt exceeds max length"),
+        (400, "The request failed because the output text may contain sensitive information."),
+        (429, "The request was rejected because it was considered high risk"),
+        (500, "Content Exists Risk"),
+    ],
+)
+def test_an_input_refusal_is_never_confused_with_another_error(status: int, message: str) -> None:
+    assert not is_input_refused(status, message)
+
+
+def test_a_refusal_is_not_a_context_too_long() -> None:
+    for body in REFUSALS.values():
+        message = body["error"]["message"]
+        assert is_input_refused(400, message), message
+        assert not is_context_too_long(400, message)
+
+
+async def test_a_refused_parameter_stays_a_plain_bad_request(client: LLMClient, llm: ScriptedLLM) -> None:
+    llm.reset()
+    llm.push(Reply(status=400, raw=transcript("openai_max_tokens_400.json")), Reply("好"))
+    model = ModelConfig(**llm.model_config())
+    result = await client.chat(model, [{"role": "user", "content": "你好"}], purpose="对话", max_tokens=9)
+    assert result.content == "好"  # asked again without it: a refused parameter, as before
+
+
+# ---- the search itself (pure, bounded) --------------------------------------------------------
+async def search(n: int, culprits: set[int], limit: int = 24) -> tuple[list[int], int]:
+    probes = 0
+
+    async def refused(subset: Any) -> bool:
+        nonlocal probes
+        probes += 1
+        return bool(culprits & set(subset))
+
+    return await find_refused(list(range(n)), refused, limit=limit), probes
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 300])
+async def test_one_culprit_costs_at_most_2_log2_n_plus_1_probes(n: int) -> None:
+    for culprit in {0, n // 2, n - 1}:
+        found, probes = await search(n, {culprit}, limit=1000)
+        assert found == [culprit]
+        assert probes <= 2 * math.ceil(math.log2(max(n, 1))) + 1
+
+
+async def test_two_culprits_are_both_found() -> None:
+    found, _ = await search(64, {5, 40})
+    assert found == [5, 40]
+
+
+async def test_a_combination_refused_only_together_finds_nothing() -> None:
+    probes = 0
+
+    async def refused(subset: Any) -> bool:
+        nonlocal probes
+        probes += 1
+        return {3, 4} <= set(subset)
+
+    assert await find_refused(list(range(8)), refused) == []
+    assert probes <= 8
+
+
+async def test_the_search_stops_at_its_limit_with_what_it_found() -> None:
+    with pytest.raises(ProbeLimit) as stopped:
+        await search(1024, {1, 500, 1000}, limit=12)
+    assert stopped.value.found == [1]
+
+
+# ---- 2. the summariser ------------------------------------------------------------------------
+async def poisoned(env: Env, n: int = 20, at: int = 7, body: dict[str, Any] = DASHSCOPE) -> Message:
+    """A group history of `n` lines where line `at` holds PHRASE; the provider refuses it."""
+    env.model.summary_default = refusing(body, Reply(NOTHING_KEPT))
+    env.model.chat_default = refusing(body, Reply("好的"))
+    seeded = await seed(env.rt, n)
+    bad = Message(role="user", content=f"[路人(30007)] 快来看 {PHRASE} 点这里", ts=1000.0 + at + 0.5)
+    stored = await env.rt.agent.record(GROUP, bad)
+    assert len(seeded) == n
+    return stored
+
+
+async def test_r_run_11_a_refused_message_no_longer_stops_the_compression(env: Env) -> None:
+    bad = await poisoned(env)
+    result = await env.rt.compression.compress(GROUP.id)
+    assert result.outcome == "done"
+    requests = env.model.summary_requests()
+    final = requests[-1]
+    assert PHRASE not in json.dumps(final, ensure_ascii=False)
+    assert f"[路人(30007)] {REFUSED_TEXT}" in conversation_of(final)  # who spoke stays, not what
+    # Bounded: the refused request, at most 2·⌈log2 21⌉ + 1 probes, and the request again.
+    assert len(requests) <= 1 + 2 * math.ceil(math.log2(21)) + 1 + 1
+    assert all(r["max_tokens"] <= 16 for r in requests[1:-1])  # probes ask for next to nothing
+    # R-MEM-2: the text stays stored, marked; the owner and a later request know it.
+    (stored,) = [m for m in await env.rt.store.get_archived(GROUP.id) if m.id == bad.id]
+    assert is_refused(stored)
+    assert PHRASE in stored.content
+    warnings = [w for w in env.warnings if "content review refused" in w]
+    assert len(warnings) == 1
+    assert str(bad.id) in warnings[0]
+    assert "[路人(30007)]" in warnings[0]
+    assert PHRASE not in warnings[0]
+    assert env.failure_warnings() == []
+    assert env.phases()[-1] == ("done", None)
+
+
+async def test_r_run_11_the_next_run_sends_the_placeholder_without_a_new_search(env: Env) -> None:
+    bad = await poisoned(env, n=6, at=5)
+    env.model.summary_default = refusing(DASHSCOPE, Reply("【保留原文】无\n## 最近在聊什么\n闲聊"))
+    # A summary that keeps the refused line verbatim: it stays active, and the next run reads it.
+    from tests.fakes.service import keeping
+
+    env.model.summary.append(refusing(DASHSCOPE, keeping(REFUSED_TEXT)))
+    first = await env.rt.compression.compress(GROUP.id)
+    assert first.outcome == "done"
+    before = len(env.model.summary_requests())
+    await seed(env.rt, 4, start=100)
+    again = await env.rt.compression.compress(GROUP.id)
+    assert again.outcome == "done"
+    later = env.model.summary_requests()[before:]
+    assert len(later) == 1  # the placeholder went straight in: no refusal, no search
+    assert PHRASE not in json.dumps(later[0], ensure_ascii=False)
+    del bad
+
+
+async def test_r_run_11_a_refused_existing_summary_fails_the_run_and_says_so(env: Env) -> None:
+    env.model.summary_default = refusing(DASHSCOPE, Reply(NOTHING_KEPT))
+    await env.rt.store.put_meta(
+        "summary", GROUP.id, {**OLD_SUMMARY, "text": OLD_SUMMARY["text"] + f"\n{PHRASE}"}
+    )
+    await seed(env.rt, 6)
+    with pytest.raises(CompressionError) as caught:
+        await env.rt.compression.compress(GROUP.id)
+    assert "已有摘要未通过模型服务商的内容审核" in str(caught.value)
+    assert len(env.model.summary_requests()) == 2  # the run's request and one probe without the summary
+    assert not any(is_refused(m) for m in await env.rt.store.get_history(GROUP.id))
+    assert PHRASE in existing_summary_of(env.model.summary_requests()[0])
+    assert (await summary_of(env.rt) or {})["text"].endswith(PHRASE)  # rolled back: untouched
+
+
+async def test_r_run_11_refused_together_but_never_alone_fails_with_its_reason(env: Env) -> None:
+    # A review that refuses two harmless halves only together (a combination): nothing to leave
+    # out, so the run fails once with a reason the owner can read, and backs off as before.
+    def answer(request: dict[str, Any]) -> Reply:
+        text = json.dumps(request, ensure_ascii=False)
+        if "第1句" in text and "第4句" in text:
+            return Reply(status=400, raw=json.dumps(DEEPSEEK))
+        return Reply(NOTHING_KEPT)
+
+    env.model.summary_default = answer
+    await seed(env.rt, 6)
+    with pytest.raises(CompressionError) as caught:
+        await env.rt.compression.compress(GROUP.id)
+    assert "找不出是哪条消息" in str(caught.value)
+    assert not any(is_refused(m) for m in await env.rt.store.get_history(GROUP.id))
+
+
+@pytest.mark.parametrize("name", ["zhipu-1301", "moonshot", "ark", "azure", "deepseek", "gateway"])
+async def test_r_run_1_every_providers_refusal_is_searched_and_left_out(env: Env, name: str) -> None:
+    await poisoned(env, n=10, at=3, body=REFUSALS[name])
+    assert (await env.rt.compression.compress(GROUP.id)).outcome == "done"
+    summary = await summary_of(env.rt)
+    assert summary is not None
+    assert PHRASE not in summary["text"]
+
+
+async def test_r_mem_2_the_refused_mark_is_stored_on_both_engines(location: Path | str, make: Make) -> None:
+    env = await make(location=location)
+    bad = await poisoned(env, n=8, at=2)
+    await env.rt.store.mark_refused(GROUP.id, [bad.id or 0])
+    history = await env.rt.store.get_history(GROUP.id)
+    (stored,) = [m for m in history if m.id == bad.id]
+    assert is_refused(stored)
+    assert stored.metadata[REFUSED_KEY] is True
+    assert PHRASE in stored.content  # R-MEM-2: nothing deleted
+    assert sum(is_refused(m) for m in history) == 1
+    assert (await env.rt.compression.compress(GROUP.id)).outcome == "done"
+    sent = env.model.summary_requests()
+    assert len(sent) == 1
+    assert PHRASE not in json.dumps(sent[0], ensure_ascii=False)
