@@ -35,6 +35,7 @@ from nonebot_plugin_memsum.types import REFUSED_KEY, REFUSED_TEXT, Message, is_r
 from tests.fakes.llm_server import Reply, ScriptedLLM, transcript
 from tests.fakes.service import (
     GROUP,
+    IN_GROUP,
     NOTHING_KEPT,
     OLD_SUMMARY,
     Env,
@@ -381,3 +382,95 @@ async def test_r_mem_2_the_refused_mark_is_stored_on_both_engines(location: Path
     sent = env.model.summary_requests()
     assert len(sent) == 1
     assert PHRASE not in json.dumps(sent[0], ensure_ascii=False)
+
+
+# ---- 3. the chat turn -------------------------------------------------------------------------
+APOLOGY = "抱歉，我这边出了点问题，请稍后再试。"
+
+
+async def turn(env: Env, text: str, uid: int = 20002, name: str = "乙") -> tuple[str, list[str]]:
+    """`name` asks the bot in the group; the outcome and what the group got."""
+    await env.rt.agent.record(
+        GROUP, Message(role="user", content=f"[{name}({uid})] @小记 {text}", name=str(uid), addressed=True)
+    )
+    sent: list[str] = []
+
+    async def reply(out: str) -> None:
+        sent.append(out)
+
+    outcome = await env.rt.agent.run_turn(GROUP.id, reply, IN_GROUP, requested=True)
+    return outcome, sent
+
+
+async def test_a_refused_message_in_the_history_no_longer_fails_every_turn(env: Env) -> None:
+    bad = await poisoned(env, n=6, at=3, body=ZHIPU_1301)
+    outcome, sent = await turn(env, "今天晚上吃什么？")
+    assert (outcome, sent) == ("replied", ["好的"])
+    chats = env.model.chat_requests()
+    final = json.dumps(chats[-1], ensure_ascii=False)
+    assert PHRASE not in final
+    assert f"[路人(30007)] {REFUSED_TEXT}" in final
+    assert "今天晚上吃什么" in final
+    # Bounded: the refused request, ≤ 2·⌈log2 8⌉ + 2 probes, and the request again.
+    assert len(chats) <= 1 + 2 * 3 + 2 + 1
+    (stored,) = [m for m in await env.rt.store.get_history(GROUP.id) if m.id == bad.id]
+    assert is_refused(stored)
+    assert PHRASE in stored.content  # R-MEM-2
+    warnings = [w for w in env.warnings if "content review refused" in w]
+    assert len(warnings) == 1
+    assert f"{bad.id} [路人(30007)]" in warnings[0]
+    assert PHRASE not in warnings[0]
+    # The next turn sends the placeholder at once: one request, no refusal, no search.
+    before = len(env.model.chat_requests())
+    assert await turn(env, "那明天呢？") == ("replied", ["好的"])
+    assert len(env.model.chat_requests()) == before + 1
+
+
+async def test_the_refused_question_itself_gets_the_error_reply_and_later_turns_work(env: Env) -> None:
+    env.model.chat_default = refusing(MOONSHOT, Reply("好的"))
+    env.model.summary_default = refusing(MOONSHOT, Reply(NOTHING_KEPT))
+    await seed(env.rt, 4)
+    outcome, sent = await turn(env, f"你怎么看{PHRASE}？", uid=30007, name="路人")
+    assert (outcome, sent) == ("error", [APOLOGY])
+    history = await env.rt.store.get_history(GROUP.id)
+    (asked,) = [m for m in history if PHRASE in m.content]
+    assert is_refused(asked)
+    before = len(env.model.chat_requests())
+    assert await turn(env, "换个话题，周末去哪？") == ("replied", ["好的"])
+    later = env.model.chat_requests()[before:]
+    assert len(later) == 1
+    assert PHRASE not in json.dumps(later[0], ensure_ascii=False)
+
+
+async def test_a_refused_summary_is_left_out_of_that_turn_and_said_in_the_log(env: Env) -> None:
+    env.model.chat_default = refusing(AZURE, Reply("好的"))
+    await env.rt.store.put_meta(
+        "summary", GROUP.id, {**OLD_SUMMARY, "text": OLD_SUMMARY["text"] + f"\n{PHRASE}"}
+    )
+    await seed(env.rt, 3)
+    assert await turn(env, "还记得上周聊了什么吗？") == ("replied", ["好的"])
+    final = json.dumps(env.model.chat_requests()[-1], ensure_ascii=False)
+    assert PHRASE not in final
+    assert "上周的旧话题" not in final  # the whole summary, for this turn
+    assert any("goes without the summary" in w for w in env.warnings)
+    assert not any(is_refused(m) for m in await env.rt.store.get_history(GROUP.id))
+
+
+async def test_a_refused_persona_still_fails_the_turn_with_the_error_reply(env: Env) -> None:
+    # The owner's persona (or another plugin's part) is what is refused: nothing in the history
+    # can be left out, so the turn fails as before and nothing is marked.
+    env.model.chat_default = refusing(DEEPSEEK, Reply("好的"))
+    await env.rt.settings.set("persona", "session", GROUP.id, f"你是{PHRASE}的助手")
+    await seed(env.rt, 3)
+    assert await turn(env, "在吗？") == ("error", [APOLOGY])
+    assert not any(is_refused(m) for m in await env.rt.store.get_history(GROUP.id))
+    assert len(env.model.chat_requests()) == 2  # the turn's request and one probe of the history
+
+
+async def test_r_run_1_a_message_the_chat_marked_reaches_the_summariser_as_the_placeholder(env: Env) -> None:
+    await poisoned(env, n=6, at=2, body=DASHSCOPE)
+    assert (await turn(env, "大家好"))[0] == "replied"
+    assert (await env.rt.compression.compress(GROUP.id)).outcome == "done"
+    sent = env.model.summary_requests()
+    assert len(sent) == 1  # no refusal, no search: the mark was already there
+    assert f"[路人(30007)] {REFUSED_TEXT}" in conversation_of(sent[0])

@@ -14,7 +14,7 @@ import math
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -25,12 +25,21 @@ from nonebot_plugin_memsum import clock
 from nonebot_plugin_memsum.compression.budget import compression_line
 from nonebot_plugin_memsum.config import Config, ModelConfig
 from nonebot_plugin_memsum.errors import NoChatModel, StoreError, TurnInProgress
-from nonebot_plugin_memsum.llm import LLMClient, LLMError, LLMLengthLimit, Registry
+from nonebot_plugin_memsum.llm import LLMClient, LLMError, LLMInputRefused, LLMLengthLimit, Registry
+from nonebot_plugin_memsum.llm.review import PROBE_MAX_TOKENS, ProbeLimit, find_refused, refused_by_review
 from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_text_tokens
 from nonebot_plugin_memsum.lru import LRU, KeyedLocks
 from nonebot_plugin_memsum.settings import Resolved, Settings, place_key, tier_keys
 from nonebot_plugin_memsum.store import ReplyState, Store
-from nonebot_plugin_memsum.types import REASONING_KEY, TOOL_EXTRA_KEY, Message, SessionRecord, ToolCall
+from nonebot_plugin_memsum.types import (
+    REASONING_KEY,
+    TOOL_EXTRA_KEY,
+    Message,
+    SessionRecord,
+    ToolCall,
+    is_refused,
+    speaker_label,
+)
 
 from .events import EventBus, Outcome, TurnEnded, TurnStarted, UsageEvent
 from .prompt import Prompt, assemble, contribution_order, cut_text, tools_tokens, trim_budget
@@ -205,10 +214,16 @@ class Agent:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def system_parts(
-        self, session_id: str, entry: Entry = Entry(), persona: str | None = None
+        self,
+        session_id: str,
+        entry: Entry = Entry(),
+        persona: str | None = None,
+        *,
+        without_summary: bool = False,
     ) -> list[str]:
         """Persona (a layered setting; `persona`: already resolved by the caller), contributions
-        by anchor in registration order, `context` last, the summary last of all (R-INJ-1)."""
+        by anchor in registration order, `context` last, the summary last of all (R-INJ-1);
+        `without_summary`: for a turn the provider's content review refused with it."""
         if persona is None:
             resolved = await self.settings.effective(
                 "persona", session_id, entry_platform=entry.platform, entry_type=entry.platform_type
@@ -216,6 +231,8 @@ class Agent:
             persona = str(resolved.value)
         parts = [persona]
         for anchor, fn in contribution_order(self._contributions, self._summary):
+            if without_summary and fn is self._summary:
+                continue
             try:
                 text = fn(session_id)
                 if inspect.isawaitable(text):  # a plain function contributes too, as a tool may be one
@@ -446,17 +463,21 @@ class Agent:
 
         ctx = ToolContext(session_id)
         made_room = False
+        searched = False  # for messages the provider's content review refuses: once a turn
+        no_summary = False
         for round_no in range(self.config.memsum_max_tool_rounds + 1):
             offer_tools = round_no < self.config.memsum_max_tool_rounds
             tools = self.tools.schemas() if offer_tools else []
-            history, prompt = await self._read_prompt(session_id, entry, limit, persona, budget, tools)
+            history, prompt = await self._read_prompt(
+                session_id, entry, limit, persona, budget, tools, no_summary
+            )
             if prompt.trimmed and not made_room and self._make_room is not None:
                 # Issue 9: compress now rather than send a trimmed request, at most once a turn.
                 made_room = True
                 question = await self.first_question(session_id, history)
                 if await self._make_room(session_id, entry, prompt, question):
                     history, prompt = await self._read_prompt(
-                        session_id, entry, limit, persona, budget, tools
+                        session_id, entry, limit, persona, budget, tools, no_summary
                     )
             if history and history[-1].id is not None:
                 stats.read = history[-1].id
@@ -490,6 +511,31 @@ class Agent:
                 )
             except LLMLengthLimit as cut:
                 result = cut.result  # a reply cut at the limit is still a reply
+            except LLMInputRefused as refusal:
+                if searched:
+                    raise
+                # Something in it is refused by the provider's content review, and would be in
+                # every later request too: find it, send it as a placeholder from now on, and ask
+                # again (an error reply when it is the very question, llm/review.py).
+                searched = True
+                no_summary = await self._leave_out_refused(session_id, model, prompt, stats, refusal)
+                history, prompt = await self._read_prompt(
+                    session_id, entry, limit, persona, budget, tools, no_summary
+                )
+                if history and history[-1].id is not None:
+                    stats.read = history[-1].id
+                stats.calls += 1
+                try:
+                    result = await self.client.chat(
+                        model,
+                        prompt.messages,
+                        purpose="对话",
+                        session_id=session_id,
+                        tools=tools or None,
+                        max_tokens=reserve,
+                    )
+                except LLMLengthLimit as cut:
+                    result = cut.result
             finally:
                 stats.model_seconds += time.perf_counter() - asked
             if result.usage is not None:
@@ -536,6 +582,75 @@ class Agent:
             return "replied"
         raise RuntimeError("unreachable: the last round offers no tools")
 
+    async def _leave_out_refused(
+        self,
+        session_id: str,
+        model: ModelConfig,
+        prompt: Prompt,
+        stats: _TurnStats,
+        refusal: LLMInputRefused,
+    ) -> bool:
+        """After the provider's content review refused the turn's request: the history
+        messages it refuses, each alone (llm/review.py, the history sent as plain user
+        messages, without the persona and system parts), marked in the store so every later
+        request sends a placeholder for them. True when the history passes and the summary is
+        what is refused: the turn goes on without it. Re-raises the refusal when nothing can be
+        left out (the persona or another part is refused), or when a refused message is the very
+        question being asked (the owner's MEMSUM_ERROR_REPLY then; later turns work)."""
+        history = prompt.history
+        # The system parts come first; the history never holds a system message (conversation()).
+        start = next((i for i, m in enumerate(prompt.messages) if m.get("role") != "system"), 0)
+        sent = prompt.messages[start : start + len(history)]
+
+        async def refused(indexes: Sequence[int]) -> bool:
+            stats.calls += 1
+            probe = [{"role": "user", "content": _probe_text(sent[i])} for i in indexes]
+            return await refused_by_review(
+                self.client.chat(
+                    model, probe, purpose="对话", session_id=session_id, max_tokens=PROBE_MAX_TOKENS
+                )
+            )
+
+        candidates = [i for i, m in enumerate(history) if m.id is not None and not is_refused(m)]
+        if not candidates or not await refused(candidates):
+            if await self._has_summary(session_id):
+                logger.warning(
+                    f"memsum: {session_id}: the provider's content review refused the request with the"
+                    " summary and takes the history without it: this turn goes without the summary"
+                )
+                return True
+            raise refusal
+        try:
+            found = await find_refused(candidates, refused)
+        except ProbeLimit as stopped:
+            found = [i for i in stopped.found if isinstance(i, int)]
+        culprits = [history[i] for i in found]
+        if not culprits:
+            raise refusal
+        await self.store.mark_refused(session_id, [m.id for m in culprits if m.id is not None])
+        who = ", ".join(f"{m.id} {speaker_label(m) or m.role}" for m in culprits)
+        logger.warning(
+            f"memsum: {session_id}: the provider's content review refused message(s) {who};"
+            " they are sent as a placeholder from now on"
+        )
+        answered = await self.store.answered_upto(session_id)
+        asked = await self.first_question(session_id, list(history))
+        if any((m.addressed and (m.id or 0) > answered) or m.id == asked for m in culprits):
+            raise refusal  # the question itself: the provider will not discuss it
+        return False
+
+    async def _has_summary(self, session_id: str) -> bool:
+        """Whether the summary's injection gives this session a system part."""
+        if self._summary is None:
+            return False
+        try:
+            text = self._summary(session_id)
+            if inspect.isawaitable(text):
+                text = await text
+        except Exception:
+            return False
+        return bool(text)
+
     async def _questions_withdrawn(self, session_id: str, upto: int | None = None) -> bool:
         """`Store.questions_withdrawn`; False when the database cannot tell (an answer too
         many is better than a question left unanswered)."""
@@ -566,10 +681,11 @@ class Agent:
         persona: str,
         budget: int,
         tools: list[dict[str, Any]],
+        without_summary: bool = False,
     ) -> tuple[list[Message], Prompt]:
         history = await self.store.get_history(session_id)
         prompt = assemble(
-            await self.system_parts(session_id, entry, persona),
+            await self.system_parts(session_id, entry, persona, without_summary=without_summary),
             history,
             history_limit=limit,
             trim_budget=budget,
@@ -598,6 +714,15 @@ class Agent:
             ctx.session_id,
             Message(role="tool", content=output, name=call.name, tool_call_id=call.id, ts=clock.now()),
         )
+
+
+def _probe_text(sent: Any) -> str:
+    """A history message as a probe's plain user text: its content, and its tool calls'
+    arguments (a probe of a few messages cannot carry calls without their results)."""
+    text = sent.get("content") or ""
+    calls = sent.get("tool_calls") or ()
+    args = [str(c.get("function", {}).get("arguments", "")) for c in calls]
+    return "\n".join([str(text), *args]) if args else str(text)
 
 
 def _estimated(msg: Message) -> Message:
