@@ -474,3 +474,52 @@ async def test_r_run_1_a_message_the_chat_marked_reaches_the_summariser_as_the_p
     sent = env.model.summary_requests()
     assert len(sent) == 1  # no refusal, no search: the mark was already there
     assert f"[路人(30007)] {REFUSED_TEXT}" in conversation_of(sent[0])
+
+
+# ---- the whole bot: a group, a refused member's message, another member's question ------------
+@pytest.mark.e2e
+async def test_r_run_11_bot_answers_and_compresses_a_group_holding_a_refused_message(tmp_path: Path) -> None:
+    from tests.fakes.e2e import SELF_ID, group_sid, query, running_bot, wait_rows
+    from tests.fakes.onebot import SEND_ACTIONS, at, text
+
+    def answer(body: dict[str, Any]) -> Reply:
+        if str(body["messages"][0].get("content") or "").startswith("你是对话摘要员"):
+            return Reply(
+                "【保留原文】无\n## 最近在聊什么\n有人问晚饭\n## 谁有问题没回应\n无\n## 关键原话要点\n无"
+            )
+        return Reply("吃火锅吧。")
+
+    group, sid = 95180, group_sid(95180)
+    with ScriptedLLM() as llm:
+        llm.on_request(refusing(DEEPSEEK, answer))
+        settings = {"MEMSUM_MODELS": json.dumps([llm.model_config()]), "LOG_LEVEL": "INFO"}
+        async with running_bot(tmp_path, settings) as (bot, sim):
+            await sim.group_message(group, 20041, f"快来看 {PHRASE} 点这里")
+            await wait_rows(bot, sid, 1)
+            mark = len(sim.calls)
+            await sim.group_message(group, 20042, [at(SELF_ID), text(" 今晚吃什么？")])
+            await sim.wait_call(set(SEND_ACTIONS), after=mark, timeout=30)
+            mark = len(sim.calls)
+            await sim.group_message(group, 10001, "/压缩")
+            await sim.wait_call(set(SEND_ACTIONS), after=mark, timeout=30)
+            texts = sim.sent_texts()
+            stored = await query(
+                bot.db_path,
+                "SELECT content, metadata FROM messages WHERE session_id = ? AND role = 'user'",
+                sid,
+            )
+            summary = await query(
+                bot.db_path, "SELECT value FROM metadata WHERE namespace = 'summary' AND key = ?", sid
+            )
+            log = bot.log()
+    assert texts[0] == "吃火锅吧。"  # not MEMSUM_ERROR_REPLY
+    assert texts[1].startswith("压缩完成"), texts[1]
+    refused = [json.loads(meta or "{}").get(REFUSED_KEY) for content, meta in stored if PHRASE in content]
+    assert refused == [True]  # R-MEM-2: kept as said, marked
+    assert PHRASE not in summary[0][0]
+    summaries = [b for b in llm.requests if str(b["messages"][0]["content"]).startswith("你是对话摘要员")]
+    assert len(summaries) == 1  # the chat turn had marked it: the summariser never saw the text
+    assert f"{REFUSED_TEXT}" in conversation_of(summaries[0])
+    assert PHRASE not in json.dumps(llm.requests[-1], ensure_ascii=False)
+    assert "content review refused message(s)" in log
+    assert PHRASE not in log.split("content review refused message(s)", 1)[1].split("\n", 1)[0]
