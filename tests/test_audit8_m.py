@@ -523,3 +523,17 @@ async def test_r_run_11_bot_answers_and_compresses_a_group_holding_a_refused_mes
     assert PHRASE not in json.dumps(llm.requests[-1], ensure_ascii=False)
     assert "content review refused message(s)" in log
     assert PHRASE not in log.split("content review refused message(s)", 1)[1].split("\n", 1)[0]
+
+
+async def test_the_recall_tool_hands_the_model_the_placeholder_not_the_refused_text(env: Env) -> None:
+    # A refused message found again by the model's recall tool would go back into the next
+    # request as a tool result, and be refused there: the tool shows who said it, not what.
+    from nonebot_plugin_memsum.agent.tools import ToolContext
+
+    bad = await poisoned(env, n=6, at=2)
+    assert (await env.rt.compression.compress(GROUP.id)).outcome == "done"
+    found = await env.rt.agent.tools.call(ToolContext(GROUP.id), "recall", json.dumps({"query": "快来看"}))
+    assert f"[路人(30007)] {REFUSED_TEXT}" in found
+    assert PHRASE not in found
+    (stored,) = [m for m in await env.rt.store.get_archived(GROUP.id) if m.id == bad.id]
+    assert PHRASE in stored.content

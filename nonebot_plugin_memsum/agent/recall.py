@@ -19,7 +19,7 @@ from typing import Any
 from nonebot_plugin_memsum import clock
 from nonebot_plugin_memsum.store import SearchHit, SearchQuery, Store
 from nonebot_plugin_memsum.store.search import match_expression, speaker_of, split_label
-from nonebot_plugin_memsum.types import Message
+from nonebot_plugin_memsum.types import REFUSED_TEXT, Message, is_refused
 
 from .tools import ToolContext, ToolRegistry
 
@@ -88,6 +88,8 @@ def line(m: Message, zone: tzinfo | None = None) -> str:
     """
     when = datetime.fromtimestamp(m.ts, zone).strftime("%Y-%m-%d %H:%M")
     body = split_label(m.content)[2] if m.role == "user" else m.content
+    if is_refused(m):  # the provider's content review refused it: it would be refused again
+        body = REFUSED_TEXT
     return f"{when} [{speaker_of(m.role, m.name, m.content)}] {LINE_BREAK.join(body.splitlines())}"
 
 
