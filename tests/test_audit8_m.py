@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from nonebot_plugin_memsum.config import ModelConfig
@@ -48,6 +49,7 @@ from tests.fakes.service import (
 from tests.test_audit8_z import ZHIPU_1301
 
 PHRASE = "某敏感口号"
+WEB_TOKEN = "web-token-audit8-m-0123456789"
 """What the scripted provider's review refuses, wherever it is in a request."""
 
 # ---- each provider's refusal, as its documentation and bug reports show it ------------------
@@ -492,7 +494,11 @@ async def test_r_run_11_bot_answers_and_compresses_a_group_holding_a_refused_mes
     group, sid = 95180, group_sid(95180)
     with ScriptedLLM() as llm:
         llm.on_request(refusing(DEEPSEEK, answer))
-        settings = {"MEMSUM_MODELS": json.dumps([llm.model_config()]), "LOG_LEVEL": "INFO"}
+        settings = {
+            "MEMSUM_MODELS": json.dumps([llm.model_config()]),
+            "MEMSUM_WEB_TOKEN": WEB_TOKEN,
+            "LOG_LEVEL": "INFO",
+        }
         async with running_bot(tmp_path, settings) as (bot, sim):
             await sim.group_message(group, 20041, f"快来看 {PHRASE} 点这里")
             await wait_rows(bot, sid, 1)
@@ -512,6 +518,11 @@ async def test_r_run_11_bot_answers_and_compresses_a_group_holding_a_refused_mes
                 bot.db_path, "SELECT value FROM metadata WHERE namespace = 'summary' AND key = ?", sid
             )
             log = bot.log()
+            base = f"http://127.0.0.1:{bot.port}/memsum"
+            async with httpx.AsyncClient(base_url=base, timeout=10) as owner:
+                assert (await owner.post("/api/login", json={"token": WEB_TOKEN})).status_code == 200
+                page = await owner.get(f"/api/sessions/{sid}/search", params={"q": "快来看"})
+                [hit] = page.json()["results"]
     assert texts[0] == "吃火锅吧。"  # not MEMSUM_ERROR_REPLY
     assert texts[1].startswith("压缩完成"), texts[1]
     refused = [json.loads(meta or "{}").get(REFUSED_KEY) for content, meta in stored if PHRASE in content]
@@ -522,6 +533,9 @@ async def test_r_run_11_bot_answers_and_compresses_a_group_holding_a_refused_mes
     assert f"{REFUSED_TEXT}" in conversation_of(summaries[0])
     assert PHRASE not in json.dumps(llm.requests[-1], ensure_ascii=False)
     assert "content review refused message(s)" in log
+    # The owner's page shows the text as said, marked (R-MEM-2).
+    assert hit["hit"]["content"] == f"[用户20041(20041)] 快来看 {PHRASE} 点这里"
+    assert hit["hit"]["refused"] is True
     assert PHRASE not in log.split("content review refused message(s)", 1)[1].split("\n", 1)[0]
 
 

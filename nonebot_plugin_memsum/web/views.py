@@ -18,7 +18,14 @@ from nonebot_plugin_memsum.compression.templates import CHAT, WORK, heading
 from nonebot_plugin_memsum.config import Config, ModelConfig
 from nonebot_plugin_memsum.settings import MODE_WORDS, SETTING_NAMES, place_key, resolve, tier_keys
 from nonebot_plugin_memsum.store import UsageRow
-from nonebot_plugin_memsum.types import CompressionRecord, DailyUsage, Message, SessionActivity, SessionRecord
+from nonebot_plugin_memsum.types import (
+    CompressionRecord,
+    DailyUsage,
+    Message,
+    SessionActivity,
+    SessionRecord,
+    is_refused,
+)
 from nonebot_plugin_memsum.usage import row_cost
 
 SETTING_TITLES = {
@@ -102,14 +109,18 @@ def summary_sections(text: str | None) -> list[dict[str, str]]:
 def message_view(msg: Message, withdrawn: Collection[int] = ()) -> dict[str, Any]:
     """A message for the page, with whether it was withdrawn on the platform (撤回): as the
     store read it, or among the ids a search found withdrawn (`withdrawn`). Every list marks
-    it, not only the search's: 最近消息 and 保留原文 showed a withdrawn text unmarked."""
-    return {
+    it, not only the search's: 最近消息 and 保留原文 showed a withdrawn text unmarked. One
+    the model provider's content review refused says `refused` (its text stays, R-MEM-2)."""
+    view: dict[str, Any] = {
         "id": msg.id,
         "ts": msg.ts,
         "role": msg.role,
         "content": msg.content,
         "withdrawn": msg.withdrawn or msg.id in withdrawn,
     }
+    if is_refused(msg):  # the provider's content review refused it: the model reads a placeholder
+        view["refused"] = True
+    return view
 
 
 def kept_originals(head: Sequence[Message], kept: int) -> list[Message]:

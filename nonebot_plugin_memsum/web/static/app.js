@@ -210,7 +210,8 @@ function usageChart(series, line, runs) {
 }
 
 // A message its sender (or an admin) withdrew on QQ: the page shows it, marked; chat never repeats it.
-const withdrawnTag = (m) => m.withdrawn ? el("span", { class: "tag warn" }, "已撤回") : null;
+const withdrawnTag = (m) => m.withdrawn ? el("span", { class: "tag warn" }, "已撤回")
+  : m.refused ? el("span", { class: "tag warn", title: "模型服务商的内容审核拒绝了这条消息；发给模型的是占位文字" }, "未过审") : null;
 
 function messageList(messages, empty) {
   if (!messages.length) return empty ? el("p", { class: "muted" }, empty) : null;
