@@ -551,3 +551,20 @@ async def test_the_recall_tool_hands_the_model_the_placeholder_not_the_refused_t
     assert PHRASE not in found
     (stored,) = [m for m in await env.rt.store.get_archived(GROUP.id) if m.id == bad.id]
     assert PHRASE in stored.content
+
+
+async def test_r_run_4_a_refused_todo_list_fails_the_run_without_marking_any_message(env: Env) -> None:
+    # Every probe carries the work template's todo list: when that is what is refused, no message
+    # may be marked for it (each probe would be refused, and every message looked guilty).
+    from nonebot_plugin_memsum.agent.tools import TodoItem
+    from tests.fakes.service import PRIVATE_OWNER
+
+    assert env.rt.todos is not None
+    env.model.summary_default = refusing(ARK, Reply(NOTHING_KEPT))
+    await env.rt.todos.replace(PRIVATE_OWNER.id, [TodoItem(f"查{PHRASE}", "pending")])
+    await seed(env.rt, 6, record=PRIVATE_OWNER)
+    with pytest.raises(CompressionError) as caught:
+        await env.rt.compression.compress(PRIVATE_OWNER.id)
+    assert "任务列表未通过模型服务商的内容审核" in str(caught.value)
+    assert not any(is_refused(m) for m in await env.rt.store.get_history(PRIVATE_OWNER.id))
+    assert len(env.model.summary_requests()) == 2  # the run's request and one probe without any message

@@ -89,6 +89,7 @@ ABANDONED = "压缩被中途取消"
 IN_TURN = "不能在本会话正在进行的回合里压缩它，请在回合结束后再压缩"
 STORE_FAILED = "存储出错，压缩已回滚"
 SUMMARY_REFUSED = "已有摘要未通过模型服务商的内容审核（对话本身可以通过），请用「/清除 摘要」清掉它"
+TODOS_REFUSED = "任务列表未通过模型服务商的内容审核，摘要请求发不出去"
 REFUSED_UNFOUND = "模型服务商的内容审核拒绝了摘要请求，但找不出是哪条消息"
 REVIEW_ROUNDS = 3
 """Times one run may find refused messages and start its requests again (each a search of at
@@ -928,6 +929,8 @@ class CompressionService:
         parts = list(request.parts)
         if plan.summary.strip() and not await refused(parts):
             raise CompressionError(SUMMARY_REFUSED)  # the conversation alone passes
+        if plan.todos and await refused([]):  # R-RUN-4: every probe carries the todo list
+            raise CompressionError(TODOS_REFUSED)
         try:
             culprits = await find_refused(parts, refused)
         except ProbeLimit as stopped:
