@@ -568,3 +568,15 @@ async def test_r_run_4_a_refused_todo_list_fails_the_run_without_marking_any_mes
     assert "任务列表未通过模型服务商的内容审核" in str(caught.value)
     assert not any(is_refused(m) for m in await env.rt.store.get_history(PRIVATE_OWNER.id))
     assert len(env.model.summary_requests()) == 2  # the run's request and one probe without any message
+
+
+async def test_a_refused_message_counts_as_its_placeholder_in_the_prompt_estimate(env: Env) -> None:
+    # A long spam wall, refused: its stored estimate is of the text, which no request carries any
+    # more; the prompt's estimate (the compression line, hard trimming) counts the placeholder.
+    env.model.chat_default = refusing(DEEPSEEK, Reply("好的"))
+    wall = Message(role="user", content=f"[路人(30007)] {PHRASE}" + "刷屏广告" * 800, ts=999.0)
+    await env.rt.agent.record(GROUP, wall)
+    before = (await env.rt.agent.build_prompt(GROUP.id, IN_GROUP, with_tools=False)).estimate
+    assert await turn(env, "在吗？") == ("replied", ["好的"])
+    after = (await env.rt.agent.build_prompt(GROUP.id, IN_GROUP, with_tools=False)).estimate
+    assert after < before - 1000  # the wall's ~2,000 tokens are gone from the estimate

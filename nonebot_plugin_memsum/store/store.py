@@ -158,6 +158,9 @@ _ROW_SETTERS = tuple(getattr(Message, name).__set__ for name in _ROW_FIELDS)
 def _message_from_row(row: tuple[Any, ...]) -> Message:
     # Positional unpacking: this runs for every message of every prompt.
     msg_id, role, content, name, calls, call_id, ts, metadata, marker, tokens, pid, addressed, gone = row
+    meta = json.loads(metadata) if metadata else {}
+    if meta and meta.get(REFUSED_KEY) is True:
+        tokens = None  # as for a withdrawn one: the model reads a placeholder, not the text
     values = (
         msg_id,
         role,
@@ -168,7 +171,7 @@ def _message_from_row(row: tuple[Any, ...]) -> Message:
         else (),
         call_id,
         ts,
-        json.loads(metadata) if metadata else {},
+        meta,
         bool(marker),
         None if gone else tokens,  # the estimate of its text: not what is sent of it
         pid,
