@@ -947,7 +947,9 @@ class CompressionService:
             f"memsum: {session_id}: the provider's content review refused message(s) {who};"
             " they are sent as a placeholder from now on"
         )
-        return {i: replace(m, metadata={**m.metadata, REFUSED_KEY: True}) for i, m in messages.items()}
+        # As the store reads them back: marked, and no stored estimate (that was of the text).
+        flag = {REFUSED_KEY: True}
+        return {i: replace(m, metadata={**m.metadata, **flag}, tokens=None) for i, m in messages.items()}
 
     async def _ask(
         self,
