@@ -20,6 +20,7 @@
         │   ├── LLMRateLimited    429
         │   ├── LLMServerError    5xx
         │   └── LLMBadRequest     other 4xx
+        │       └── LLMInputRefused  the provider's content review refused the input
         ├── LLMStreamCut          the reply stopped before its end
         ├── LLMLengthLimit        the reply was cut at the output limit (it carries the result)
         ├── LLMContentFilter      the provider's content filter stopped the reply
