@@ -25,7 +25,14 @@ from nonebot_plugin_memsum import clock
 from nonebot_plugin_memsum.compression.budget import compression_line
 from nonebot_plugin_memsum.config import Config, ModelConfig
 from nonebot_plugin_memsum.errors import NoChatModel, StoreError, TurnInProgress
-from nonebot_plugin_memsum.llm import LLMClient, LLMError, LLMInputRefused, LLMLengthLimit, Registry
+from nonebot_plugin_memsum.llm import (
+    ChatResult,
+    LLMClient,
+    LLMError,
+    LLMInputRefused,
+    LLMLengthLimit,
+    Registry,
+)
 from nonebot_plugin_memsum.llm.review import PROBE_MAX_TOKENS, ProbeLimit, find_refused, refused_by_review
 from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_text_tokens
 from nonebot_plugin_memsum.lru import LRU, KeyedLocks
@@ -499,18 +506,8 @@ class Agent:
             }
             await self.bus.emit(UsageEvent(turn_id=None, usage=prompt.estimate, **facts))
             asked = time.perf_counter()
-            stats.calls += 1
             try:
-                result = await self.client.chat(
-                    model,
-                    prompt.messages,
-                    purpose="对话",
-                    session_id=session_id,
-                    tools=tools or None,
-                    max_tokens=reserve,
-                )
-            except LLMLengthLimit as cut:
-                result = cut.result  # a reply cut at the limit is still a reply
+                result = await self._ask(model, prompt, session_id, tools, reserve, stats)
             except LLMInputRefused as refusal:
                 if searched:
                     raise
@@ -524,18 +521,7 @@ class Agent:
                 )
                 if history and history[-1].id is not None:
                     stats.read = history[-1].id
-                stats.calls += 1
-                try:
-                    result = await self.client.chat(
-                        model,
-                        prompt.messages,
-                        purpose="对话",
-                        session_id=session_id,
-                        tools=tools or None,
-                        max_tokens=reserve,
-                    )
-                except LLMLengthLimit as cut:
-                    result = cut.result
+                result = await self._ask(model, prompt, session_id, tools, reserve, stats)
             finally:
                 stats.model_seconds += time.perf_counter() - asked
             if result.usage is not None:
@@ -581,6 +567,29 @@ class Agent:
                 self.store.mark_sent(session_id, stats.read)
             return "replied"
         raise RuntimeError("unreachable: the last round offers no tools")
+
+    async def _ask(
+        self,
+        model: ModelConfig,
+        prompt: Prompt,
+        session_id: str,
+        tools: list[dict[str, Any]],
+        reserve: int,
+        stats: _TurnStats,
+    ) -> ChatResult:
+        """The turn's chat request; a reply cut at the limit is still a reply."""
+        stats.calls += 1
+        try:
+            return await self.client.chat(
+                model,
+                prompt.messages,
+                purpose="对话",
+                session_id=session_id,
+                tools=tools or None,
+                max_tokens=reserve,
+            )
+        except LLMLengthLimit as cut:
+            return cut.result
 
     async def _leave_out_refused(
         self,
