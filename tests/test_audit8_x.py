@@ -634,6 +634,34 @@ async def test_bound_to_0_0_0_0_the_start_up_line_gives_an_address_a_browser_ope
     assert page_url("192.168.1.5", 8080) == "http://192.168.1.5:8080/memsum/"
 
 
+async def test_behind_nginx_with_x_forwarded_for_a_strangers_wrong_tokens_never_make_the_owner_wait(
+    tmp_path: Path,
+) -> None:
+    # The README's nginx block passes X-Forwarded-For; uvicorn (NoneBot's FastAPI driver) takes
+    # the client address from it when the request comes from 127.0.0.1 (uvicorn's default
+    # forwarded_allow_ips), so the sign-in throttle (web/auth.py) is per visitor. Without it,
+    # every visitor behind the proxy is 127.0.0.1 and a stranger's guesses lock the owner out.
+    web_token = "web-token-7a6b5c4d3e2f1"
+    bot = BotProcess(tmp_path, env={"MEMSUM_WEB_TOKEN": web_token}, log_level="INFO")
+    async with bot, httpx.AsyncClient(base_url=f"http://127.0.0.1:{bot.port}/memsum/", timeout=10) as proxy:
+
+        def via_nginx(visitor: str) -> dict[str, str]:
+            return {**as_chromium(f"http://127.0.0.1:{bot.port}"), "X-Forwarded-For": visitor}
+
+        stranger, owner = via_nginx("203.0.113.9"), via_nginx("198.51.100.7")
+        codes = [
+            (await proxy.post("api/login", json={"token": f"guess-{i:016d}"}, headers=stranger)).status_code
+            for i in range(6)
+        ]
+        assert codes[:3] == [401, 401, 401], codes
+        assert 429 in codes[3:], codes
+        signed = await proxy.post("api/login", json={"token": web_token}, headers=owner)
+        assert signed.status_code == 200, signed.text
+        # The warning names the stranger, not the proxy.
+        await until(lambda: said("wrong token from 203.0.113.9", bot), "the stranger named in the log")
+    assert web_token not in bot.log()
+
+
 async def test_the_overview_marks_the_places_whose_daily_cap_is_spent_today(
     tmp_path: Path, browser: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
