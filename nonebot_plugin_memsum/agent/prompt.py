@@ -19,7 +19,9 @@ from nonebot_plugin_memsum.llm.tokens import MESSAGE_OVERHEAD, NOTICE_PREFIX, RE
 from nonebot_plugin_memsum.types import (
     CONVERSATION_ROLES,
     REASONING_KEY,
+    REFUSED_TEXT,
     Message,
+    is_refused,
     shown_content,
     tool_extra,
     tool_reasoning,
@@ -186,14 +188,21 @@ def to_openai(m: Message) -> dict[str, Any]:
     if m.role == "assistant":
         out: dict[str, Any] = {"role": "assistant", "content": shown_content(m) or None}
         if m.tool_calls:
+            # A call the provider's review refused keeps its id and name (its result answers it)
+            # but not its arguments or reasoning: they held what was refused (llm/review.py).
+            refused = is_refused(m)
             extra = tool_extra(m)
             out["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": "{}" if refused else c.arguments},
+                }
                 | ({"extra_content": extra[c.id]} if c.id in extra else {})
                 for c in m.tool_calls
             ]
             if reasoning := tool_reasoning(m):
-                out[REASONING_KEY] = reasoning
+                out[REASONING_KEY] = REFUSED_TEXT if refused else reasoning
         return out
     if m.role == "system":
         return {"role": "system", "content": m.content}

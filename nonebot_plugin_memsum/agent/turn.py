@@ -727,10 +727,12 @@ class Agent:
 
 def _probe_text(sent: Any) -> str:
     """A history message as a probe's plain user text: its content, and its tool calls'
-    arguments (a probe of a few messages cannot carry calls without their results)."""
+    arguments and reasoning (a probe of a few messages cannot carry calls without their results)."""
     text = sent.get("content") or ""
     calls = sent.get("tool_calls") or ()
     args = [str(c.get("function", {}).get("arguments", "")) for c in calls]
+    if calls and sent.get(REASONING_KEY):
+        args.append(str(sent[REASONING_KEY]))
     return "\n".join([str(text), *args]) if args else str(text)
 
 

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from nonebot_plugin_memsum.types import Message, is_refused, shown_content
+from nonebot_plugin_memsum.types import REFUSED_TEXT, Message, is_refused, shown_content
 
 CUT = 200
 """R-RUN-3: tool arguments, tool results and notices are cut hard at this many characters."""
@@ -166,7 +166,9 @@ def render_message(m: Message, tool_names: Mapping[str, str]) -> str:
     if m.role == "assistant":
         text = shown_content(m) if m.withdrawn or is_refused(m) else visible_text(m)
         lines = [f"{ASSISTANT_PREFIX}{indent_continuation(text)}"] if text.strip() or not m.tool_calls else []
-        lines += [f"调用 {c.name}({indent_continuation(c.arguments[:CUT])})" for c in m.tool_calls]
+        # A refused call's arguments held what the provider's review refused: its placeholder.
+        args = [REFUSED_TEXT if is_refused(m) else c.arguments[:CUT] for c in m.tool_calls]
+        lines += [f"调用 {c.name}({indent_continuation(a)})" for c, a in zip(m.tool_calls, args, strict=True)]
         return "\n".join(lines)
     if m.role == "tool":
         name = tool_names.get(m.tool_call_id or "") or m.name or "未知工具"
