@@ -8,12 +8,13 @@ the real HTTP client against the scripted OpenAI-compatible server and the real 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 from nonebot_plugin_memsum.types import REFUSED_TEXT, Message, ToolCall, is_refused
 from tests.fakes.llm_server import Reply
-from tests.fakes.service import GROUP, NOTHING_KEPT, Env, conversation_of, seed
+from tests.fakes.service import GROUP, IN_GROUP, NOTHING_KEPT, Env, conversation_of, seed
 from tests.test_audit8_m import DEEPSEEK, PHRASE, refusing, turn
 
 
@@ -69,3 +70,40 @@ async def test_r_run_3_a_refused_tool_call_reaches_the_summariser_without_its_ar
     assert PHRASE not in _text(final)
     assert f"调用 recall({REFUSED_TEXT})" in conversation_of(final)
     assert env.failure_warnings() == []
+
+
+# ---- a refused question, withdrawn -----------------------------------------------------------
+async def test_a_refused_question_withdrawn_during_the_search_gets_no_error_reply(env: Env) -> None:
+    # A member asks something the provider's review refuses, sees it, and withdraws it (撤回)
+    # while the bot's search runs: the question is gone from the group, so the error reply
+    # (MEMSUM_ERROR_REPLY, "something went wrong") answers nothing and must not go out either.
+    from tests.fakes.llm_server import Gate
+
+    env.model.chat_default = refusing(DEEPSEEK, Reply("好的"))
+    await seed(env.rt, 3)
+    await env.rt.agent.record(
+        GROUP,
+        Message(
+            role="user",
+            content=f"[路人(30007)] @小记 你怎么看{PHRASE}？",
+            name="30007",
+            addressed=True,
+            platform_id="777001",
+        ),
+    )
+    gate = Gate(refusing(DEEPSEEK, Reply("好的")))
+    env.model.chat.append(gate)
+    sent: list[str] = []
+
+    async def reply(out: str) -> None:
+        sent.append(out)
+
+    with gate:
+        task = asyncio.create_task(env.rt.agent.run_turn(GROUP.id, reply, IN_GROUP, requested=True))
+        await gate.reached()
+        await env.rt.store.mark_withdrawn(GROUP.id, "777001")
+    outcome = await task
+    assert sent == []
+    assert outcome != "replied"
+    # Nothing is left pending: a restart does not answer it either.
+    assert await env.rt.store.pending_questions(0.0, GROUP.id) == []

@@ -391,7 +391,10 @@ class Agent:
                 logger.exception(f"memsum: turn of {session_id} failed")
             finally:
                 if outcome == "error" and reply is not None:
-                    await self._send_answer(session_id, stats.read, reply, self.config.memsum_error_reply)
+                    # The error reply answers nothing when every question was withdrawn (撤回)
+                    # meanwhile (a refused one, say, while its search ran): nothing goes out.
+                    if not (requested and await self._questions_withdrawn(session_id, stats.read)):
+                        await self._send_answer(session_id, stats.read, reply, self.config.memsum_error_reply)
                 if (worker := self._workers.get(session_id)) is not None and stats.read is not None:
                     worker.read = stats.read
                 # The one INFO line of a turn: no message text (logs outlive /清除).
