@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
+import pytest
+
 from nonebot_plugin_memsum.types import REFUSED_TEXT, Message, ToolCall, is_refused
-from tests.fakes.llm_server import Reply
+from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.service import GROUP, IN_GROUP, NOTHING_KEPT, Env, conversation_of, seed
 from tests.test_audit8_m import DEEPSEEK, PHRASE, refusing, turn
 
@@ -107,3 +110,71 @@ async def test_a_refused_question_withdrawn_during_the_search_gets_no_error_repl
     assert outcome != "replied"
     # Nothing is left pending: a restart does not answer it either.
     assert await env.rt.store.pending_questions(0.0, GROUP.id) == []
+
+
+# ---- the bot account's own words, withdrawn --------------------------------------------------
+@pytest.mark.e2e
+async def test_what_the_owner_typed_on_the_bots_account_and_withdrew_reads_as_withdrawn(
+    tmp_path: Path,
+) -> None:
+    # The owner types on the bot's QQ account from his phone (NapCat's message_sent, stored as
+    # the bot's words since audit 8 y) and withdraws it. NapCat reports the withdrawal with the
+    # sender's QQ as user_id: the account itself (NapCat OneBotMsgApi emitFriendRecallMsg:
+    # new OB11FriendRecallNoticeEvent(core, +message.senderUin, oriMessageId); emitGroupRecallMsg:
+    # group, sender and operator uins; LLOneBot's OB11Constructor.RecallEvent alike). The group's
+    # notice names the group; a private one names only the account, not the friend.
+    from tests.fakes.e2e import SELF_ID, group_sid, private_sid, query, running_bot, wait_rows
+    from tests.fakes.onebot import text
+    from tests.test_audit8_y import napcat_message_sent
+
+    group, peer = 96101, 20061
+    with ScriptedLLM() as llm:
+        settings = {"MEMSUM_MODELS": json.dumps([llm.model_config()])}
+        async with running_bot(tmp_path, settings) as (bot, sim):
+            await sim.group_message(group, 20001, "今晚开会吗", nickname="甲")
+            await sim.send_event(napcat_message_sent(88901, [text("开，八点")], group_id=group))
+            await wait_rows(bot, group_sid(group), 2)
+            await sim.notice(
+                "group_recall", group_id=group, user_id=SELF_ID, operator_id=SELF_ID, message_id=88901
+            )
+            await wait_rows(bot, group_sid(group), 3)
+            await sim.send_event(napcat_message_sent(88902, [text("周末见")], peer=peer))
+            await wait_rows(bot, private_sid(peer), 1)
+            await sim.notice("friend_recall", user_id=SELF_ID, message_id=88902)
+            await sim.private_message(peer, "好呀", nickname="丙")  # after the notice, in order
+            await wait_rows(bot, private_sid(peer), 2)
+            sql = "SELECT role, content, withdrawn FROM messages WHERE session_id = ? ORDER BY id"
+            in_group = await query(bot.db_path, sql, group_sid(group))
+            in_private = await query(bot.db_path, sql, private_sid(peer))
+            with_itself = await query(bot.db_path, sql, private_sid(SELF_ID))
+            sessions = await query(bot.db_path, "SELECT id FROM sessions WHERE id = ?", private_sid(SELF_ID))
+    assert in_group[1][:3] == ("assistant", "开，八点", 1)
+    assert in_group[2][0] == "notice"
+    assert "撤回了一条消息" in in_group[2][1]
+    assert in_private[0] == ("assistant", "周末见", 1)  # the model reads 已撤回, not the text
+    assert with_itself == []  # no private chat of the account with itself
+    assert sessions == []
+
+
+async def test_the_session_of_a_withdrawn_private_message_is_found_on_both_engines(
+    location: Path | str,
+) -> None:
+    from nonebot_plugin_memsum.onebot.sessions import private_record, private_session_id
+    from nonebot_plugin_memsum.store import Store
+
+    store = Store(location)
+    await store.open()
+    try:
+        prefix = private_session_id(30001, "")
+        for peer, pid in ((20061, "88902"), (20062, "88903")):
+            record = await store.save_session(private_record(30001, peer))
+            await store.append(
+                record.id, Message(role="assistant", content="周末见", platform_id=pid, ts=1.0)
+            )
+        other = await store.save_session(private_record(30002, 20063))  # another account's
+        await store.append(other.id, Message(role="assistant", content="别的号", platform_id="88904", ts=1.0))
+        assert await store.session_of_platform_id(prefix, "88903") == private_session_id(30001, 20062)
+        assert await store.session_of_platform_id(prefix, "88904") is None
+        assert await store.session_of_platform_id(prefix, "1") is None
+    finally:
+        await store.close()

@@ -33,7 +33,7 @@ from .render import (
     segments_of,
     unlabelled,
 )
-from .sessions import group_record, private_record
+from .sessions import group_record, private_record, private_session_id
 from .state import Arrival
 
 
@@ -283,6 +283,16 @@ async def record_notice(bot: Bot, event: NoticeEvent, arrival: Arrival | None = 
         # A withdrawn message is marked even where nothing is recorded now: it may have
         # been stored before (recall then no longer repeats it into the chat).
         withdrawn = withdrawn_id(payload)
+        if group_id is None and record.peer == bot.self_id:
+            # The account withdrew its own private message (the owner typing on it, another
+            # plugin's delete_msg): NapCat and LLOneBot name the sender, not the friend. Its
+            # session is the one that stored the message; none: nothing to mark, nowhere to say it.
+            found = withdrawn and await rt.store.session_of_platform_id(
+                private_session_id(bot.self_id, ""), withdrawn
+            )
+            if not found:
+                return None
+            record = private_record(bot.self_id, found.removeprefix(private_session_id(bot.self_id, "")))
         off = await rt.controls.mode(record) == "off"
         change = card_change(payload)
         if withdrawn is None and (off or (change is None and notice_text(payload, {}) is None)):

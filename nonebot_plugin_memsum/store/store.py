@@ -354,6 +354,17 @@ class Tx:
             (session_id, platform_id),
         )
 
+    async def session_of_platform_id(self, prefix: str, platform_id: str) -> str | None:
+        """The session, among those whose id starts with `prefix`, that stored a message under
+        this platform id (the newest such message's); None when none did. One index look-up per
+        session of the prefix (messages_by_platform_id): for a rare event, not for every message."""
+        rows = await self._fetch(
+            "SELECT m.session_id FROM sessions AS s JOIN messages AS m ON m.session_id = s.id"
+            " WHERE substr(s.id, 1, ?) = ? AND m.platform_id = ? ORDER BY m.id DESC LIMIT 1",
+            (len(prefix), prefix, platform_id),
+        )
+        return str(rows[0][0]) if rows else None
+
     async def mark_refused(self, session_id: str, ids: Sequence[int]) -> None:
         """The model provider's content review refused these messages of the session
         (llm/review.py): their metadata gets REFUSED_KEY, so what reaches the model from now on
@@ -1165,6 +1176,10 @@ class Store:
     async def mark_withdrawn(self, session_id: str, platform_id: str) -> None:
         async with self._statement() as tx:
             await tx.mark_withdrawn(session_id, platform_id)
+
+    async def session_of_platform_id(self, prefix: str, platform_id: str) -> str | None:
+        async with self._statement() as tx:
+            return await tx.session_of_platform_id(prefix, platform_id)
 
     async def mark_refused(self, session_id: str, ids: Sequence[int]) -> None:
         async with self.transaction() as tx:
