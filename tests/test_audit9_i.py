@@ -178,3 +178,22 @@ async def test_the_session_of_a_withdrawn_private_message_is_found_on_both_engin
         assert await store.session_of_platform_id(prefix, "1") is None
     finally:
         await store.close()
+
+
+# ---- a spam wave the review refuses ----------------------------------------------------------
+async def test_a_spam_wave_of_refused_messages_fails_no_turn(env: Env) -> None:
+    # An advertising bot floods the group: six messages the provider's review refuses among
+    # thirty. A member's question next must be answered, not get the error reply while the
+    # search goes on over several turns.
+    env.model.chat_default = refusing(DEEPSEEK, Reply("好的"))
+    for i in range(30):
+        body = f"加群领福利 {PHRASE} {i}" if i % 5 == 2 else f"第{i}句闲聊"
+        await env.rt.agent.record(
+            GROUP, Message(role="user", content=f"[用户{i}(2{i:04d})] {body}", ts=1000.0 + i)
+        )
+    outcome, sent = await turn(env, "今晚吃什么？")
+    assert (outcome, sent) == ("replied", ["好的"])
+    history = await env.rt.store.get_history(GROUP.id)
+    assert sum(is_refused(m) for m in history) == 6
+    assert PHRASE not in _text(env.model.chat_requests()[-1])
+    assert len(env.model.chat_requests()) <= 1 + 3 * (24 + 1)  # bounded: REVIEW_ROUNDS searches

@@ -33,7 +33,13 @@ from nonebot_plugin_memsum.llm import (
     LLMLengthLimit,
     Registry,
 )
-from nonebot_plugin_memsum.llm.review import PROBE_MAX_TOKENS, ProbeLimit, find_refused, refused_by_review
+from nonebot_plugin_memsum.llm.review import (
+    PROBE_MAX_TOKENS,
+    REVIEW_ROUNDS,
+    ProbeLimit,
+    find_refused,
+    refused_by_review,
+)
 from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_text_tokens
 from nonebot_plugin_memsum.lru import LRU, KeyedLocks
 from nonebot_plugin_memsum.settings import Resolved, Settings, place_key, tier_keys
@@ -473,7 +479,7 @@ class Agent:
 
         ctx = ToolContext(session_id)
         made_room = False
-        searched = False  # for messages the provider's content review refuses: once a turn
+        searched = 0  # searches for messages the provider's content review refuses, this turn
         no_summary = False
         for round_no in range(self.config.memsum_max_tool_rounds + 1):
             offer_tools = round_no < self.config.memsum_max_tool_rounds
@@ -511,20 +517,30 @@ class Agent:
             asked = time.perf_counter()
             try:
                 result = await self._ask(model, prompt, session_id, tools, reserve, stats)
-            except LLMInputRefused as refusal:
-                if searched:
-                    raise
+            except LLMInputRefused as first:
                 # Something in it is refused by the provider's content review, and would be in
                 # every later request too: find it, send it as a placeholder from now on, and ask
-                # again (an error reply when it is the very question, llm/review.py).
-                searched = True
-                no_summary = await self._leave_out_refused(session_id, model, prompt, stats, refusal)
-                history, prompt = await self._read_prompt(
-                    session_id, entry, limit, persona, budget, tools, no_summary
-                )
-                if history and history[-1].id is not None:
-                    stats.read = history[-1].id
-                result = await self._ask(model, prompt, session_id, tools, reserve, stats)
+                # again (an error reply when it is the very question, llm/review.py). A spam
+                # wave holds more than one search finds: a few rounds, each finding some.
+                refusal = first
+                while True:
+                    if searched >= REVIEW_ROUNDS:
+                        raise refusal
+                    searched += 1
+                    without = await self._leave_out_refused(session_id, model, prompt, stats, refusal)
+                    if without and no_summary:
+                        raise refusal  # already without the summary: nothing more to leave out
+                    no_summary = without
+                    history, prompt = await self._read_prompt(
+                        session_id, entry, limit, persona, budget, tools, no_summary
+                    )
+                    if history and history[-1].id is not None:
+                        stats.read = history[-1].id
+                    try:
+                        result = await self._ask(model, prompt, session_id, tools, reserve, stats)
+                        break
+                    except LLMInputRefused as again:
+                        refusal = again
             finally:
                 stats.model_seconds += time.perf_counter() - asked
             if result.usage is not None:

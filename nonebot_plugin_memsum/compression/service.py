@@ -61,7 +61,13 @@ from nonebot_plugin_memsum.llm import (
     in_chinese,
     is_context_too_long,
 )
-from nonebot_plugin_memsum.llm.review import PROBE_MAX_TOKENS, ProbeLimit, find_refused, refused_by_review
+from nonebot_plugin_memsum.llm.review import (
+    PROBE_MAX_TOKENS,
+    REVIEW_ROUNDS,
+    ProbeLimit,
+    find_refused,
+    refused_by_review,
+)
 from nonebot_plugin_memsum.llm.tokens import estimate_stored, estimate_text_tokens, stored_content_tokens
 from nonebot_plugin_memsum.lru import LRU, SESSIONS_KEPT, BoundedCache, KeyedLocks
 from nonebot_plugin_memsum.settings import Settings
@@ -91,9 +97,6 @@ STORE_FAILED = "存储出错，压缩已回滚"
 SUMMARY_REFUSED = "已有摘要未通过模型服务商的内容审核（对话本身可以通过），请用「/清除 摘要」清掉它"
 TODOS_REFUSED = "任务列表未通过模型服务商的内容审核，摘要请求发不出去"
 REFUSED_UNFOUND = "模型服务商的内容审核拒绝了摘要请求，但找不出是哪条消息"
-REVIEW_ROUNDS = 3
-"""Times one run may find refused messages and start its requests again (each a search of at
-most review.MAX_PROBES probes): the next run goes on from what this one marked."""
 # R-INJ-2: fixed, whatever the session.
 INJECTION_HEAD = (
     "保留的原文（如有）按原来的时间顺序排在之后的历史开头，已在下面的摘要里概括过，不是摘要之后发生的。"

@@ -23,6 +23,10 @@ T = TypeVar("T")
 MAX_PROBES = 24
 """Probes one search may make: two culprits among 64 items need at most 2 × 13 (a chat turn or
 a compression run makes one search; the next one goes on from what this one marked)."""
+REVIEW_ROUNDS = 3
+"""Times one chat turn or one compression run may find refused messages and ask again (each a
+search of at most MAX_PROBES probes; a round that finds nothing ends it): a spam wave of
+several refused messages is found in one go, and the next turn or run goes on from the marks."""
 PROBE_MAX_TOKENS = 16
 """A probe's output cap: only whether the provider takes the input matters."""
 
@@ -85,4 +89,11 @@ async def find_refused(
     return found
 
 
-__all__ = ["MAX_PROBES", "PROBE_MAX_TOKENS", "ProbeLimit", "find_refused", "refused_by_review"]
+__all__ = [
+    "MAX_PROBES",
+    "PROBE_MAX_TOKENS",
+    "REVIEW_ROUNDS",
+    "ProbeLimit",
+    "find_refused",
+    "refused_by_review",
+]
