@@ -223,7 +223,7 @@ class _SignedEventsOnly:
         if (
             scope["type"] == "http"
             and scope.get("method") == "POST"
-            and scope["path"].rstrip("/") in _EVENT_PATHS
+            and _route_path(scope).rstrip("/") in _EVENT_PATHS
         ):
             auth = dict(scope.get("headers") or []).get(b"authorization", b"")
             if not hmac.compare_digest(auth, self._bearer):
@@ -248,6 +248,15 @@ class _SignedEventsOnly:
                 await send({"type": "http.response.body", "body": body})
                 return
         await self.app(scope, receive, send)
+
+
+def _route_path(scope: dict[str, Any]) -> str:
+    """The path the app's routes match, as Starlette's router takes it: without FastAPI's
+    `root_path` (FASTAPI_EXTRA, behind a reverse proxy) when the path starts with it."""
+    path, root = str(scope["path"]), str(scope.get("root_path") or "")
+    if root and path.startswith(root) and (len(path) == len(root) or path[len(root)] == "/"):
+        return path[len(root) :]
+    return path
 
 
 def _guard_http_events() -> None:
