@@ -251,3 +251,21 @@ async def test_an_unsigned_event_posted_under_fastapis_root_path_is_refused_too(
             assert await query(bot.db_path, "SELECT scope_key FROM settings WHERE name = 'persona'") == []
             await sim.group_message(group, 20001, "之后的一句", nickname="甲")  # the WebSocket still works
             await wait_rows(bot, group_sid(group), 2)
+
+
+async def test_a_refused_answer_whose_tool_call_lost_its_result_stays_the_placeholder(env: Env) -> None:
+    # A turn stopped between the model's call and its result (a restart, a crash): the call's
+    # message goes out as its words alone, without the call. When that message was the one
+    # the provider's review refused, its words must stay the placeholder there too.
+    env.model.chat_default = refusing(DEEPSEEK, Reply("好的"))
+    await seed(env.rt, 3)
+    call = ToolCall(id="call_9", name="recall", arguments="{}")
+    said = await env.rt.agent.record(
+        GROUP, Message(role="assistant", content=f"我查一下{PHRASE}", tool_calls=(call,), ts=1010.0)
+    )
+    await env.rt.store.mark_refused(GROUP.id, [said.id or 0])
+    assert await turn(env, "在吗？") == ("replied", ["好的"])
+    chats = env.model.chat_requests()
+    assert len(chats) == 1  # marked before: no refusal, no search
+    assert PHRASE not in _text(chats[0])
+    assert REFUSED_TEXT in _text(chats[0])

@@ -19,6 +19,7 @@ from nonebot_plugin_memsum.llm.tokens import MESSAGE_OVERHEAD, NOTICE_PREFIX, RE
 from nonebot_plugin_memsum.types import (
     CONVERSATION_ROLES,
     REASONING_KEY,
+    REFUSED_KEY,
     REFUSED_TEXT,
     Message,
     is_refused,
@@ -162,8 +163,14 @@ def _sendable_checked(history: Sequence[Message]) -> list[Message]:
                 called.update(c.id for c in m.tool_calls)
                 out.append(m)
             elif m.content:
-                # No id: the copy is not the stored message (estimates are cached by id).
-                out.append(Message(role="assistant", content=m.content, ts=m.ts, withdrawn=m.withdrawn))
+                # No id: the copy is not the stored message (estimates are cached by id). A
+                # refused one stays its placeholder (its words were what the review refused).
+                refused = {REFUSED_KEY: True} if is_refused(m) else {}
+                out.append(
+                    Message(
+                        role="assistant", content=m.content, ts=m.ts, withdrawn=m.withdrawn, metadata=refused
+                    )
+                )
         elif m.role == "tool":
             if m.tool_call_id in called:
                 out.append(m)
