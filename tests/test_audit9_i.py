@@ -323,3 +323,28 @@ async def test_the_http_guard_holds_with_the_token_in_the_environment_only(tmp_p
                 await asyncio.sleep(0.5)
                 assert await query(bot.db_path, "SELECT scope_key FROM settings WHERE name = 'persona'") == []
             assert "ONEBOT_ACCESS_TOKEN is empty" not in bot.log()
+
+
+async def test_another_plugins_tool_result_the_review_refuses_is_left_out_in_the_same_turn(env: Env) -> None:
+    # Another plugin's tool (a web search) brings back a page the provider's review refuses:
+    # the turn's next request is refused. The result is found and marked like a member's
+    # message, the call and its result stay a pair, and the member still gets an answer.
+    from tests.fakes.service import usage
+
+    @env.rt.agent.tools.tool("web_search", "搜网页", {"type": "object", "properties": {}})
+    async def web_search(ctx: Any, args: dict[str, Any]) -> str:
+        return f"搜索结果：{PHRASE} 相关新闻"
+
+    env.model.chat.append(
+        Reply("", tool_calls=[{"id": "call_w", "name": "web_search", "arguments": "{}"}], usage=usage(50))
+    )
+    env.model.chat_default = refusing(DEEPSEEK, Reply("查到了，没什么特别的。"))
+    await seed(env.rt, 3)
+    assert await turn(env, "帮我搜一下今天的新闻") == ("replied", ["查到了，没什么特别的。"])
+    final = env.model.chat_requests()[-1]
+    assert PHRASE not in _text(final)
+    (result,) = [m for m in final["messages"] if m.get("role") == "tool"]
+    assert result["tool_call_id"] == "call_w"
+    assert REFUSED_TEXT in result["content"]
+    history = await env.rt.store.get_history(GROUP.id)
+    assert [m.role for m in history if is_refused(m)] == ["tool"]
