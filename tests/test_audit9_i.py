@@ -18,7 +18,7 @@ import pytest
 from nonebot_plugin_memsum.types import REFUSED_TEXT, Message, ToolCall, is_refused
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.service import GROUP, IN_GROUP, NOTHING_KEPT, Env, conversation_of, seed
-from tests.test_audit8_m import DEEPSEEK, PHRASE, refusing, turn
+from tests.test_audit8_m import DASHSCOPE, DEEPSEEK, PHRASE, refusing, turn
 
 
 def _text(body: dict[str, Any]) -> str:
@@ -348,3 +348,63 @@ async def test_another_plugins_tool_result_the_review_refuses_is_left_out_in_the
     assert REFUSED_TEXT in result["content"]
     history = await env.rt.store.get_history(GROUP.id)
     assert [m.role for m in history if is_refused(m)] == ["tool"]
+
+
+# ---- the search while a compression runs ------------------------------------------------------
+async def test_r_run_11_a_turns_search_while_a_compression_runs_leaves_both_working(env: Env) -> None:
+    # The summary request of a compression waits at the provider while a member asks: the
+    # turn's request is refused, its search marks the member's message. The compression's own
+    # request (sent before the mark, with the text) is refused too: it searches, and commits.
+    from tests.fakes.service import held_compression, summary_of
+
+    env.model.chat_default = refusing(DASHSCOPE, Reply("好的"))
+    env.model.summary_default = refusing(DASHSCOPE, Reply(NOTHING_KEPT))
+    await seed(env.rt, 8)
+    bad = await env.rt.agent.record(GROUP, Message(role="user", content=f"[路人(30007)] {PHRASE}", ts=1008.5))
+    run, gate = await held_compression(env, refusing(DASHSCOPE, Reply(NOTHING_KEPT)))
+    with gate:
+        assert await turn(env, "今晚吃什么？") == ("replied", ["好的"])
+    result = await run
+    assert result.outcome == "done"
+    summary = await summary_of(env.rt)
+    assert summary is not None
+    assert PHRASE not in summary["text"]
+    assert PHRASE not in _text(env.model.summary_requests()[-1])
+    assert PHRASE in _text(env.model.summary_requests()[0])  # the held one, sent before the mark
+    stored = [m for m in await env.rt.store.get_archived(GROUP.id) if m.id == bad.id]
+    stored += [m for m in await env.rt.store.get_history(GROUP.id) if m.id == bad.id]
+    (mine,) = stored
+    assert is_refused(mine)
+    assert PHRASE in mine.content
+    assert env.failure_warnings() == []
+
+
+async def test_a_mark_written_by_one_process_is_read_by_another_on_postgresql(location: Path | str) -> None:
+    # Two bot processes on one PostgreSQL memory (issue 13): one's search marks a message; the
+    # other, whose history cache already holds the message unmarked, must read it marked (or
+    # it sends the text again and searches again), and the same for a withdrawal. (SQLite is
+    # one process's file: README 几个进程不要共用一个 SQLite 文件.)
+    from nonebot_plugin_memsum.store import Store
+
+    if isinstance(location, Path):
+        pytest.skip("one process per SQLite file")
+
+    first, second = Store(location), Store(location)
+    await first.open()
+    await second.open()
+    try:
+        said = await first.append(GROUP.id, Message(role="user", content=f"[路人(30007)] {PHRASE}", ts=1.0))
+        asked = await first.append(
+            GROUP.id,
+            Message(role="user", content="[甲(1)] @小记 在吗", platform_id="71", addressed=True, ts=2.0),
+        )
+        assert not any(is_refused(m) for m in await second.get_history(GROUP.id))  # cached now
+        await first.mark_refused(GROUP.id, [said.id or 0])
+        await first.mark_withdrawn(GROUP.id, "71")
+        history = {m.id: m for m in await second.get_history(GROUP.id)}
+        assert is_refused(history[said.id])
+        assert history[asked.id].withdrawn
+        assert await second.questions_withdrawn(GROUP.id)
+    finally:
+        await first.close()
+        await second.close()
