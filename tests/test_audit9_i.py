@@ -408,3 +408,40 @@ async def test_a_mark_written_by_one_process_is_read_by_another_on_postgresql(lo
     finally:
         await first.close()
         await second.close()
+
+
+@pytest.mark.e2e
+async def test_a_refused_question_withdrawn_in_the_group_gets_nothing_through_the_whole_bot(
+    tmp_path: Path,
+) -> None:
+    # The same through bot.py and the OneBot simulator: the member's @ question holds what the
+    # provider refuses; while its request waits at the provider the member withdraws it
+    # (group_recall, OneBot v11 notice.md, as NapCat sends it). The group gets nothing.
+    from tests.fakes.e2e import SELF_ID, group_sid, query, running_bot, wait_rows
+    from tests.fakes.llm_server import Gate
+    from tests.fakes.onebot import SEND_ACTIONS, at, text
+
+    group = 96401
+    with ScriptedLLM() as llm:
+        gate = Gate(refusing(DEEPSEEK, Reply("好的")))
+        llm.on_request(gate)
+        async with running_bot(tmp_path, {"MEMSUM_MODELS": json.dumps([llm.model_config()])}) as (bot, sim):
+            with gate:
+                mark = len(sim.calls)
+                asked = await sim.group_message(
+                    group, 20001, [at(SELF_ID), text(f" 你怎么看{PHRASE}？")], nickname="路人"
+                )
+                await gate.reached()
+                await sim.notice(
+                    "group_recall", group_id=group, user_id=20001, operator_id=20001, message_id=asked
+                )
+                await wait_rows(bot, group_sid(group), 2)
+            await asyncio.sleep(1.5)
+            sent = [c for c in sim.calls[mark:] if c.action in SEND_ACTIONS]
+            marked = await query(
+                bot.db_path,
+                "SELECT withdrawn FROM messages WHERE session_id = ? AND role = 'user'",
+                group_sid(group),
+            )
+    assert sent == []
+    assert marked == [(1,)]
