@@ -379,17 +379,14 @@ async def test_r_run_11_a_turns_search_while_a_compression_runs_leaves_both_work
     assert env.failure_warnings() == []
 
 
-async def test_a_mark_written_by_one_process_is_read_by_another_on_postgresql(location: Path | str) -> None:
+async def test_a_mark_written_by_one_process_is_read_by_another_on_postgresql(pg_url: str) -> None:
     # Two bot processes on one PostgreSQL memory (issue 13): one's search marks a message; the
     # other, whose history cache already holds the message unmarked, must read it marked (or
     # it sends the text again and searches again), and the same for a withdrawal. (SQLite is
     # one process's file: README 几个进程不要共用一个 SQLite 文件.)
     from nonebot_plugin_memsum.store import Store
 
-    if isinstance(location, Path):
-        pytest.skip("one process per SQLite file")
-
-    first, second = Store(location), Store(location)
+    first, second = Store(pg_url), Store(pg_url)
     await first.open()
     await second.open()
     try:
