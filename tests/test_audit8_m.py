@@ -444,6 +444,26 @@ async def test_the_refused_question_itself_gets_the_error_reply_and_later_turns_
     assert PHRASE not in json.dumps(later[0], ensure_ascii=False)
 
 
+async def test_a_clean_question_read_with_a_refused_one_is_still_answered(env: Env) -> None:
+    # Two members ask before the turn reads the history; the provider refuses one question.
+    # Before: both got the error reply. Now the refused one reads as the placeholder and the
+    # other is answered; the refused one stays marked.
+    env.model.chat_default = refusing(DEEPSEEK, Reply("周末去爬山吧"))
+    env.model.summary_default = refusing(DEEPSEEK, Reply(NOTHING_KEPT))
+    await seed(env.rt, 4)
+    await env.rt.agent.record(
+        GROUP,
+        Message(role="user", content=f"[路人(30007)] @小记 你怎么看{PHRASE}？", name="30007", addressed=True),
+    )
+    assert await turn(env, "周末去哪？") == ("replied", ["周末去爬山吧"])
+    history = await env.rt.store.get_history(GROUP.id)
+    (asked,) = [m for m in history if PHRASE in m.content]
+    assert is_refused(asked)
+    final = json.dumps(env.model.chat_requests()[-1], ensure_ascii=False)
+    assert PHRASE not in final
+    assert REFUSED_TEXT in final
+
+
 async def test_a_refused_summary_is_left_out_of_that_turn_and_said_in_the_log(env: Env) -> None:
     env.model.chat_default = refusing(AZURE, Reply("好的"))
     await env.rt.store.put_meta(

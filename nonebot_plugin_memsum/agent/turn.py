@@ -661,10 +661,17 @@ class Agent:
             f"memsum: {session_id}: the provider's content review refused message(s) {who};"
             " they are sent as a placeholder from now on"
         )
+        # The question itself: the provider will not discuss it. Another member's question read
+        # in the same turn is still answered (the refused one reads as the placeholder).
+        refused_ids = {m.id for m in culprits}
         answered = await self.store.answered_upto(session_id)
-        asked = await self.first_question(session_id, list(history))
-        if any((m.addressed and (m.id or 0) > answered) or m.id == asked for m in culprits):
-            raise refusal  # the question itself: the provider will not discuss it
+        questions = [m for m in history if m.addressed and (m.id or 0) > answered]
+        if questions:
+            if all(m.id in refused_ids or is_refused(m) for m in questions):
+                raise refusal
+            return False
+        if await self.first_question(session_id, list(history)) in refused_ids:
+            raise refusal
         return False
 
     async def _has_summary(self, session_id: str) -> bool:
