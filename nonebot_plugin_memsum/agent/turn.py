@@ -247,9 +247,7 @@ class Agent:
             if without_summary and fn is self._summary:
                 continue
             try:
-                text = fn(session_id)
-                if inspect.isawaitable(text):  # a plain function contributes too, as a tool may be one
-                    text = await text
+                text = await _contributed(fn, session_id)
             except Exception:
                 logger.exception(f"memsum: contribution to {anchor!r} failed")
                 continue
@@ -655,12 +653,7 @@ class Agent:
         culprits = [history[i] for i in found]
         if not culprits:
             raise refusal
-        await self.store.mark_refused(session_id, [m.id for m in culprits if m.id is not None])
-        who = ", ".join(f"{m.id} {speaker_label(m) or m.role}" for m in culprits)
-        logger.warning(
-            f"memsum: {session_id}: the provider's content review refused message(s) {who};"
-            " they are sent as a placeholder from now on"
-        )
+        await self.mark_refused(session_id, culprits)
         # The question itself: the provider will not discuss it. Another member's question read
         # in the same turn is still answered (the refused one reads as the placeholder).
         refused_ids = {m.id for m in culprits}
@@ -674,17 +667,25 @@ class Agent:
             raise refusal
         return False
 
+    async def mark_refused(self, session_id: str, messages: Sequence[Message]) -> None:
+        """Messages the provider's content review refuses (llm/review.py), found by a turn or a
+        compression run: marked in the store (`Store.mark_refused`), so every later request
+        sends their placeholder, and named in one WARNING (id and speaker, never the text)."""
+        await self.store.mark_refused(session_id, [m.id for m in messages if m.id is not None])
+        who = ", ".join(f"{m.id} {speaker_label(m) or m.role}" for m in messages)
+        logger.warning(
+            f"memsum: {session_id}: the provider's content review refused message(s) {who};"
+            " they are sent as a placeholder from now on"
+        )
+
     async def _has_summary(self, session_id: str) -> bool:
         """Whether the summary's injection gives this session a system part."""
         if self._summary is None:
             return False
         try:
-            text = self._summary(session_id)
-            if inspect.isawaitable(text):
-                text = await text
+            return bool(await _contributed(self._summary, session_id))
         except Exception:
             return False
-        return bool(text)
 
     async def _questions_withdrawn(self, session_id: str, upto: int | None = None) -> bool:
         """`Store.questions_withdrawn`; False when the database cannot tell (an answer too
@@ -749,6 +750,12 @@ class Agent:
             ctx.session_id,
             Message(role="tool", content=output, name=call.name, tool_call_id=call.id, ts=clock.now()),
         )
+
+
+async def _contributed(fn: Contribution, session_id: str) -> str | None:
+    """A contribution's text: a plain function contributes too, as a tool may be one."""
+    text = fn(session_id)
+    return await text if inspect.isawaitable(text) else text
 
 
 def _probe_text(sent: Any) -> str:

@@ -72,7 +72,7 @@ from nonebot_plugin_memsum.llm.tokens import estimate_stored, estimate_text_toke
 from nonebot_plugin_memsum.lru import LRU, SESSIONS_KEPT, BoundedCache, KeyedLocks
 from nonebot_plugin_memsum.settings import Settings
 from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE, Store, StoreError
-from nonebot_plugin_memsum.types import REFUSED_KEY, CompressionRecord, Message, speaker_label
+from nonebot_plugin_memsum.types import REFUSED_KEY, CompressionRecord, Message
 
 RUNS_NAMESPACE = "compression"
 BACKOFF_NAMESPACE = "backoff"
@@ -944,12 +944,7 @@ class CompressionService:
         messages = {m.id: m for p in culprits for m in p.unit.messages if m.id is not None}
         if not messages:
             raise CompressionError(REFUSED_UNFOUND)
-        await self.store.mark_refused(session_id, sorted(messages))
-        who = ", ".join(f"{i} {speaker_label(m) or m.role}" for i, m in sorted(messages.items()))
-        logger.warning(
-            f"memsum: {session_id}: the provider's content review refused message(s) {who};"
-            " they are sent as a placeholder from now on"
-        )
+        await self.agent.mark_refused(session_id, [messages[i] for i in sorted(messages)])
         # As the store reads them back: marked, and no stored estimate (that was of the text).
         flag = {REFUSED_KEY: True}
         return {i: replace(m, metadata={**m.metadata, **flag}, tokens=None) for i, m in messages.items()}
