@@ -35,6 +35,7 @@ Decisions:
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 import re
@@ -368,6 +369,7 @@ class LLMClient:
             logger.warning(f"memsum: usage ledger failed for {result.model_id}: {type(err).__name__}: {err}")
 
 
+@functools.cache  # once per configured model: every call asks for it
 def endpoint(base_url: str) -> str:
     """The chat completions URL of an API root: `/chat/completions` after its path, before its
     query (Azure's `…/openai/deployments/<name>?api-version=…`)."""
