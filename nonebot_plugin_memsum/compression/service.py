@@ -649,6 +649,25 @@ class CompressionService:
                 platform_type=entry.platform_type,
             )
             compress_at = await self.compress_at(session_id, entry.platform, entry.platform_type)
+            # The estimate stands in for the usage of the budget too, as a snapshot would
+            # (R-TRIG-1): the run it starts, or a /压缩 after it, writes to the line that
+            # judged it (R-BUD-1), not to ⅔ of the summary model's cap (R-BUD-6).
+            line = compression_line(compress_at, facts.window, facts.trim_budget)
+            self._latest_usage[session_id] = UsageEvent(
+                session_id=session_id,
+                turn_id=None,
+                platform=entry.platform,
+                platform_type=entry.platform_type,
+                model_id=model.id,
+                window=model.context_window,
+                trim_budget=self.agent.trim_budget_of(model),
+                usage=prompt.estimate,
+                trimmed=prompt.trimmed,
+                untrimmed_history=prompt.untrimmed_history,
+                history_messages=facts.history_messages,
+                history_limit=limit,
+                line=int(line) if line is not None and compress_at else None,
+            )
             backoff = await self._set_backoff(
                 session_id, (await self._backoff_of(session_id)).on_judged_turn()
             )
