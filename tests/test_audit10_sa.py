@@ -15,6 +15,8 @@ max_tokens = ⌈1.5 × budget⌉ (R-BUD-1..7).
 from __future__ import annotations
 
 import json
+import math
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ import pytest
 
 from nonebot_plugin_memsum import api, runtime
 from nonebot_plugin_memsum.compression.service import INJECTION_HEAD
+from nonebot_plugin_memsum.types import SessionRecord
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.service import (
     CHAT_SUMMARY,
@@ -29,9 +32,11 @@ from tests.fakes.service import (
     IN_GROUP,
     Env,
     Make,
+    seed,
     settle,
     stated,
     units_tokens,
+    usage,
 )
 
 # A summary model that binds nothing here: window 200000, max output 8192 (⅔ cap 5461).
@@ -138,3 +143,72 @@ async def test_r_bud_1_a_record_only_group_in_a_real_bot_writes_a_summary_sized_
     assert str(request["messages"][0]["content"]).startswith("你是对话摘要员")
     assert stated(request)[0] == 1000
     assert request["max_tokens"] == 1500
+
+
+# ---- R-BUD-1 / R-CFG-2: the line in force when the run starts ------------------------------
+async def test_r_bud_1_a_line_the_owner_lowered_after_the_last_turn_sizes_the_next_compression(
+    make: Make, on_env: Any
+) -> None:
+    # Chat window 10000, the global 0.8: E = 8000 at the last turn. The owner then sets this
+    # session's line to 0.3 (/压缩线 0.3): E = 3000 for the next compression; × 0.1 = 300,
+    # floor 1000, E / 4 = 750 wins; max_tokens ⌈1125⌉.
+    env = on_env(await make(chat={"context_window": 10000}, summary=BIG_SUMMARY))
+    rt, model = env.rt, env.model
+    await seed(rt, 20, size=110)
+    model.chat.append(Reply("好的", usage=usage(500)))
+    assert await api.run_turn(GROUP.id, entry=IN_GROUP) == "replied"
+    await settle(rt)
+    assert model.summary_requests() == []  # 500 is far under E = 8000
+    await rt.settings.set("compress_at", "session", GROUP.id, 0.3)
+    assert await api.compress_at(GROUP.id, "onebot", "group") == 0.3  # R-CFG-4's answer
+    await api.compress(GROUP.id)
+    (request,) = model.summary_requests()
+    assert stated(request)[0] == 750
+    assert request["max_tokens"] == 1125
+
+
+# ---- R-BUD-3: the floor holds above what is compressed -------------------------------------
+async def test_r_bud_3_a_short_span_under_a_large_line_still_gets_the_floor(make: Make, on_env: Any) -> None:
+    # E = min(0.8 × 32000, 32000 − 1024) = 25600; × 0.1 = 2560; what is compressed is only a
+    # few short lines (R-BUD-2 brings it far under 1000), and the floor lifts the two together
+    # to 1000 (E / 4 = 6400 does not bind): "要压的很少时也留够写全各小节". max_tokens 1500.
+    env = on_env(await make(summary=BIG_SUMMARY))
+    rt, model = env.rt, env.model
+    await seed(rt, 4)
+    assert await api.run_turn(GROUP.id, entry=IN_GROUP) == "replied"
+    await settle(rt)
+    content = units_tokens(await rt.store.get_history(GROUP.id))
+    assert content < 300
+    await api.compress(GROUP.id)
+    (request,) = model.summary_requests()
+    assert stated(request) == (1000, math.floor(Fraction(1, 10) * content))  # R-BUD-4
+    assert request["max_tokens"] == 1500
+
+
+# ---- R-TPL-1/2 through the library API ------------------------------------------------------
+async def test_r_tpl_1_2_a_one_to_one_chat_and_its_child_through_the_api(make: Make, on_env: Any) -> None:
+    # A one-to-one session with a peer who is not an owner: the chat template; a child of it
+    # (a task the chat spawned): the work template, though its parent is a chat (R-TPL-2).
+    env = on_env(await make(summary=BIG_SUMMARY))
+    model = env.model
+    peer = SessionRecord(
+        id="onebot:private:20077", platform="onebot", kind="private", peer="20077", room_class="direct"
+    )
+    await api.record(peer, api.Message(role="user", content="[路人(20077)] 帮我记一下明天交报告"))
+    child = await api.child_session(peer.id, "task:20077:1")
+    await api.record(child, api.Message(role="user", content="整理报告的提纲"))
+    await api.compress(peer.id)
+    model.summary_default = Reply(
+        "【保留原文】无\n## 目标\n提纲\n## 做过的决定\n无\n## 改过的文件\n无\n## 未完成的事\n无"
+    )
+    await api.compress(child.id)
+    chat_req, work_req = model.summary_requests()
+    chat_system, work_system = chat_req["messages"][0]["content"], work_req["messages"][0]["content"]
+    titles = ["「## 最近在聊什么」", "「## 谁有问题没回应」", "「## 关键原话要点」"]
+    assert [chat_system.index(t) for t in titles] == sorted(chat_system.index(t) for t in titles)
+    assert "「## 目标」" not in chat_system
+    assert "「昵称(ID)」" in chat_system  # R-TPL-4: the chat template alone asks for it
+    work_titles = ["「## 目标」", "「## 做过的决定」", "「## 改过的文件」", "「## 未完成的事」"]
+    assert [work_system.index(t) for t in work_titles] == sorted(work_system.index(t) for t in work_titles)
+    assert "「## 最近在聊什么」" not in work_system
+    assert "「昵称(ID)」" not in work_system
