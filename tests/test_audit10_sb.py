@@ -27,6 +27,7 @@ from tests.fakes.service import (
     Env,
     Make,
     keeping,
+    offered,
     seed,
     settle,
     summary_of,
@@ -44,6 +45,10 @@ def turn_usages(env: Env) -> list[UsageEvent]:
     events: list[UsageEvent] = []
     env.rt.bus.subscribe(UsageEvent, lambda e: events.append(e) if e.turn_id else None)
     return events
+
+
+def offered_texts(body: dict[str, Any]) -> list[str]:
+    return list(offered(body).values())
 
 
 def starts(env: Env, session_id: str = GROUP.id) -> int:
@@ -229,3 +234,30 @@ async def test_r_back_2_a_manual_run_takes_the_count_line_of_the_entry_platform_
     active = [m.content for m in await rt.store.get_history(cron.id) if m.is_conversation]
     assert active == short[1:]
     assert result.kept_messages == 5
+
+
+async def test_r_back_2_the_turns_own_run_takes_the_count_line_of_the_turns_entry(make: Make) -> None:
+    # The same rule for the run a hard-trimmed turn makes before its request (README
+    # decisions): the first turn of an internal session that came in through onebot/private,
+    # whose tier sets the count line 10. Six short lines, then ten long ones: the last ten
+    # messages sent are over the trim budget (1976), so the turn compresses first, its span
+    # ending before the question. The summariser keeps the six short lines; after the cut
+    # only the question is left, so at most ⌊10 / 2⌋ − 1 = 4 of them may stay.
+    env = await make(
+        **TRIMMED, memsum_compress_at=0.5, memsum_tiers={"onebot.private": {"history_limit": 10}}
+    )
+    rt, model = env.rt, env.model
+    cron = SessionRecord(id="audit10:cron-in-turn", platform=None, kind="internal")
+    short = [m.content for m in await seed(rt, 6, record=cron, size=2)]
+    await seed(rt, 10, record=cron, start=6, size=1200)
+    model.summary_default = keeping(*short)
+    usages = turn_usages(env)
+    assert await one_turn(env, session=cron, entry=Entry("onebot", "private")) == "replied"
+    assert not usages[-1].trimmed  # the run made room before the request
+    assert env.phases(cron.id) == [("start", None), ("done", None)]
+    assert set(offered_texts(model.summary_requests()[-1])) >= set(short)
+    active = [m.content for m in await rt.store.get_history(cron.id) if m.is_conversation]
+    # The four latest short lines, then the question and the answer.
+    assert active[:4] == short[2:]
+    assert len(active) == 6
+    assert (await rt.compression.status(cron.id)).kept_messages == 4

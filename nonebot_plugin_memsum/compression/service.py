@@ -1032,7 +1032,7 @@ class CompressionService:
             async with contextlib.nullcontext() if run.in_turn else self.agent.turn_lock(session_id):
                 if run.cancelled.is_set():  # cleared from inside the turn it waited for
                     raise _Cleared
-                entry = await self._entry(session_id)
+                entry = await self._entry(session_id, run)
                 limit = int((await self.settings.effective("history_limit", session_id, **entry)).value)
                 now = clock.now()
                 # One transaction: its steps are invisible to everyone else until COMMIT, so
@@ -1085,7 +1085,13 @@ class CompressionService:
             summary=summary,
         )
 
-    async def _entry(self, session_id: str) -> dict[str, str | None]:
+    async def _entry(self, session_id: str, run: _Run | None = None) -> dict[str, str | None]:
+        """The entry platform the count line is resolved for (R-TRIG-1: the latest usage's). A
+        turn's own run takes its turn's: that turn's usage is not emitted yet, and before a
+        session's first usage (or after a clear) there is none, so an internal session that
+        came in through a tier would lose the tier's count line (R-BACK-2)."""
+        if run is not None and run.entry is not None:
+            return {"entry_platform": run.entry.platform, "entry_type": run.entry.platform_type}
         usage = await self._usage(session_id)
         return {
             "entry_platform": usage.platform if usage else None,
