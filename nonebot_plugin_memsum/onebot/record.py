@@ -162,7 +162,7 @@ async def message_of(
         name=str(event.user_id),
         ts=said_at or clock.now(),
         metadata={"message_id": event.message_id, "user_id": event.user_id},
-        platform_id=str(event.message_id),
+        platform_id=platform_id(event.message_id),
         addressed=addressed,
     )
 
@@ -178,8 +178,16 @@ async def bot_message_of(bot: Bot, event: MessageEvent, scope: str, group_id: in
         content=neutralise_labels(render_segments(segments, known)),
         ts=clock.now(),
         metadata={"message_id": event.message_id},
-        platform_id=str(event.message_id) if str(event.message_id) not in ("", "0") else None,
+        platform_id=platform_id(event.message_id),
     )
+
+
+def platform_id(message_id: object) -> str | None:
+    """A message's platform id as stored; None for 0, which is no id (Lagrange.OneBot's sends
+    until 2024-02, its hash of a message whose sequence and random id both end in 0x0000):
+    two messages under 0 are two messages, and no withdrawal, quote or fetch names one by it."""
+    value = str(message_id).strip()
+    return None if value in ("", "0") else value
 
 
 async def _withdrawn(scope: str, message_id: int) -> bool:

@@ -111,8 +111,11 @@ def history_params(kind: str, target: int, count: int) -> dict[str, Any]:
 
 def as_event_payload(raw: Mapping[str, Any], kind: str, self_id: str, target: int) -> dict[str, Any] | None:
     """A fetched message as the event payload the adapter parses, with the fields some
-    implementations leave out (go-cqhttp sends no `post_type`); None when unusable."""
-    if not isinstance(raw, Mapping) or raw.get("message_id") is None or raw.get("sender") is None:
+    implementations leave out (go-cqhttp sends no `post_type`); None when unusable: also one
+    under id 0, which is no id (record.platform_id), so nothing tells whether it is stored."""
+    if not isinstance(raw, Mapping) or str(raw.get("message_id") or "").strip() in ("", "0"):
+        return None
+    if raw.get("sender") is None:
         return None
     payload: dict[str, Any] = {
         "post_type": "message",

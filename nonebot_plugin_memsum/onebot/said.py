@@ -9,10 +9,11 @@
   plain `message` whose sender is the bot; the private peer is the event's `target_id`.
 
 The plugin's own sends (`agent.turn.own_send`: its answers, stored by their turn; command
-output, notices and apologies, which are no chat) are stored by nothing here: the ids they
-went out under, and until their response the texts they carry, mark their echoes
-(`state.OwnSends`). A message another plugin sent and its echo share the message id: the
-first of them is stored (`Store.append_once`).
+output, notices and apologies, which are no chat) are stored by nothing here; another
+plugin's send is stored when its response comes. Their echoes are dropped, known by the id
+the send went out under, else by their text (`state.OwnSends`): an echo that outruns the
+response, or one after a response that gave no id (Lagrange.OneBot answered every send with
+`message_id: 0` until 2024-02; 0 is no id, `send.sent_id`).
 """
 
 from __future__ import annotations
@@ -112,8 +113,9 @@ def _session(self_id: str, target: tuple[str, int | None, int]) -> str:
 
 
 async def _calling(bot: BaseBot, api: str, data: dict[str, Any]) -> None:
-    """Before an own send: its text, so an echo that outruns the response is known."""
-    if api not in SEND_ACTIONS or not OWN_SEND.get() or not isinstance(bot, Bot):
+    """Before a send: its text, so an echo that outruns the response, or follows one that
+    gave no id, is known."""
+    if api not in SEND_ACTIONS or not isinstance(bot, Bot):
         return
     if (target := _target(bot.self_id, api, data)) is not None:
         text = echo_text(_message(api, data))
@@ -124,7 +126,8 @@ async def _calling(bot: BaseBot, api: str, data: dict[str, Any]) -> None:
 async def _called(
     bot: BaseBot, exception: Exception | None, api: str, data: dict[str, Any], result: Any
 ) -> None:
-    """After a send: an own one notes the id it went out under; another plugin's is stored."""
+    """After a send: it notes the id it went out under (its echo is then dropped); another
+    plugin's is stored here, once, whenever its echo comes."""
     if api not in SEND_ACTIONS or not isinstance(bot, Bot):
         return
     if (target := _target(bot.self_id, api, data)) is None:
@@ -133,12 +136,13 @@ async def _called(
         rt = runtime.get()
         message = _message(api, data)
         sid = _session(bot.self_id, target)
-        message_id = sent_id(result) if exception is None else None
-        if OWN_SEND.get():
-            rt.onebot.own_sends.sent(sid, echo_text(message), message_id)
+        if exception is not None and not OWN_SEND.get():
+            rt.onebot.own_sends.failed(sid, echo_text(message))  # an echo, if any, is stored
             return
-        if exception is not None:
-            return  # nothing went out
+        message_id = sent_id(result) if exception is None else None
+        rt.onebot.own_sends.sent(sid, echo_text(message), message_id)
+        if OWN_SEND.get():
+            return  # stored by its turn, or no chat
         event = _as_event(bot, target, message, message_id)
         if event is None:
             return

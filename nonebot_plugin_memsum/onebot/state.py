@@ -190,9 +190,10 @@ OWN_IDS_KEPT = 4096
 
 
 class OwnSends:
-    """The plugin's own sends, so their echoes (the bot account's messages the implementation
-    reports back) are not stored a second time: by the message id a send returned, and, for an
-    echo that arrives before the send's response, by its text (`said.py`)."""
+    """The sends through the Bot (the plugin's own, other plugins'), so their echoes (the bot
+    account's messages the implementation reports back) are not stored a second time: by the
+    message id a send returned, and by its text for an echo that arrives before the send's
+    response or after a response that gave no id (Lagrange's `message_id: 0`) (`said.py`)."""
 
     def __init__(self, now: Callable[[], float] = lambda: clock.now()) -> None:
         self._now = now
@@ -207,10 +208,16 @@ class OwnSends:
         self._pending[session_id] = [*waiting, (now + ECHO_SECONDS, text)]
 
     def sent(self, session_id: str, text: str, message_id: str | None) -> None:
-        """Its response came (`message_id`: what it went out under; None: it failed or said none)."""
-        self._take(session_id, text)
+        """Its response came. `message_id`: what it went out under, its echo's id. None (it
+        said none, or it failed and may have gone out all the same): the text keeps waiting
+        for its echo, until ECHO_SECONDS after the send."""
         if message_id is not None:
+            self._take(session_id, text)
             self._ids[(session_id, message_id)] = None
+
+    def failed(self, session_id: str, text: str) -> None:
+        """It failed and nothing will store it: should it have gone out, its echo is stored."""
+        self._take(session_id, text)
 
     def is_echo(self, session_id: str, message_id: str, text: str) -> bool:
         """Whether a message of the bot account is the echo of an own send (it is then forgotten)."""

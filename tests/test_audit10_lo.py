@@ -1,0 +1,242 @@
+"""Outside audit 10 (lo): three gaps the last audit noticed and left open.
+
+1. Lagrange's message id 0: a send answered `message_id: 0` is a send with no id, so its echo
+   (the same words under their real id) is known by its text, and nothing else (two members'
+   messages, a withdrawal, a quote, the backfill's dedup) takes 0 for a message's id.
+2. Gemini's retry delay: its 429 names how long to wait in a `google.rpc.RetryInfo`; the
+   client waits that long (within the bound it gives `Retry-After`) instead of its back-off.
+3. The backfill stores what the bot account said while bot.py was down (the owner typing on
+   it from a phone) as the bot's own words, in order, once, never twice with what the plugin
+   itself sent, nothing in a 关 place, starting no turn; a restart in the middle adds nothing.
+
+Through bot.py as a real process with the OneBot simulator over the real WebSocket, the
+scripted OpenAI-compatible server and the bot's SQLite file; the provider scenario through the
+real HTTP client. Each fixture that imitates another system cites its source above it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from tests.fakes.botproc import BotProcess
+from tests.fakes.e2e import SELF_ID, connected, group_sid, query, rows, until, wait_log, wait_rows
+from tests.fakes.llm_server import Reply, ScriptedLLM
+from tests.fakes.onebot import OneBotSim, at, text
+from tests.test_audit8_y import OTHER_PLUGIN, PYPROJECT
+
+PERSONA = "你是审计十群里的助手小记。"
+ANSWER = "这是小记的回答"
+OWNER = 10001
+
+
+def is_chat(body: dict[str, Any]) -> bool:
+    return body["messages"][0]["content"] == PERSONA
+
+
+def chats(llm: ScriptedLLM) -> list[dict[str, Any]]:
+    return [r for r in llm.requests if is_chat(r)]
+
+
+async def settled(bot: BotProcess, sid: str, n: int, quiet: float = 0.8) -> list[tuple[str, str]]:
+    """The session's rows once it has `n` and nothing more came for a while."""
+    await wait_rows(bot, sid, n)
+    await asyncio.sleep(quiet)
+    return await rows(bot, sid)
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+@pytest.fixture(scope="module")
+async def llm_answers(llm: ScriptedLLM) -> AsyncIterator[ScriptedLLM]:
+    llm.reset()
+    llm.on_request(lambda b: Reply(ANSWER) if is_chat(b) else None)
+    yield llm
+    llm.reset()
+
+
+def bot_env(llm: ScriptedLLM, **extra: str) -> dict[str, str]:
+    return {"MEMSUM_MODELS": json.dumps([llm.model_config("test/model")]), "MEMSUM_PERSONA": PERSONA, **extra}
+
+
+@pytest.fixture(scope="module")
+async def bot(
+    tmp_path_factory: pytest.TempPathFactory, llm_answers: ScriptedLLM
+) -> AsyncIterator[BotProcess]:
+    workdir = tmp_path_factory.mktemp("audit10lo")
+    (workdir / "plugins").mkdir()
+    (workdir / "plugins" / "signin.py").write_text(OTHER_PLUGIN, "utf-8")
+    (workdir / "pyproject.toml").write_text(PYPROJECT, "utf-8")
+    async with BotProcess(workdir, env=bot_env(llm_answers)) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+async def sim(bot: BotProcess) -> AsyncIterator[OneBotSim]:
+    async with connected(bot) as s:
+        await wait_log(bot, "memsum: event dispatch:")
+        yield s
+
+
+# ---- 1. Lagrange's message id 0 -----------------------------------------------------------------
+# Lagrange.OneBot answered every send action with `message_id: 0` from its first send operations
+# (LagrangeDev/Lagrange.Core 881bbfdc, 2023-10-25) until beca0917 (2024-02-16, "Fixed Message Id
+# for message related operations"): Lagrange.OneBot/Core/Operation/Message/SendMessageOperation.cs,
+# SendGroupMessageOperation.cs, SendPrivateMessageOperation.cs ended in
+# `return new OneBotResult(new OneBotMessageResponse(0), 0, "ok")`. The same builds reported the
+# account's own group messages, the echo of its sends among them, unless `Message:IgnoreSelf`
+# (Lagrange.OneBot/Message/MessageService.cs OnGroupMessageReceived) as a plain group `message`
+# (Core/Entity/Message/OneBotGroupMsg.cs) under the message's real id, `MessageRecord.MessageHash`.
+# Since then an id is `CalcMessageHash(msgId, seq)` = `(ushort)seq << 16 | (ushort)msgId`
+# (Database/MessageRecord.cs), 0 when both low halves are 0; a send with no sequence fails with
+# retcode 9000 (c79f814b, #696).
+def lagrange_echo(message_id: int, group_id: int, message: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "post_type": "message",
+        "message_type": "group",
+        "sub_type": "normal",
+        "message_id": message_id,
+        "group_id": group_id,
+        "user_id": SELF_ID,
+        "anonymous": None,
+        "message": message,
+        "raw_message": "",
+        "font": 0,
+        "sender": {"user_id": SELF_ID, "nickname": "小记", "card": "", "level": "0", "role": "member"},
+    }
+
+
+Responder = Callable[[dict[str, Any]], Any]
+
+
+@contextmanager
+def lagrange_sends(sim: OneBotSim, *, echo: bool = True) -> Iterator[list[int]]:
+    """Every send answered as Lagrange.OneBot before beca0917: `message_id: 0`, and (with
+    IgnoreSelf off) the echo of a group message just after the response, under its real id.
+    Yields the real ids echoed."""
+    echoed: list[int] = []
+    saved = {a: sim.responders[a] for a in ("send_msg", "send_group_msg", "send_private_msg")}
+
+    def lagrange(base: Responder) -> Callable[[dict[str, Any]], Awaitable[Any]]:
+        async def respond(params: dict[str, Any]) -> Any:
+            data = base(params)
+            sent = sim.messages[int(data["message_id"])]
+            if echo and sent.message_type == "group" and sent.group_id is not None:
+                payload = lagrange_echo(sent.message_id, sent.group_id, sent.message)
+                echoed.append(sent.message_id)
+                asyncio.get_running_loop().call_later(
+                    0.05, lambda: asyncio.ensure_future(sim.send_event(payload))
+                )
+            return {**data, "message_id": 0}
+
+        return respond
+
+    for action, base in saved.items():
+        sim.responders[action] = lagrange(base)
+    try:
+        yield echoed
+    finally:
+        sim.responders.update(saved)
+
+
+async def test_an_answer_sent_under_message_id_0_is_stored_once_when_its_echo_comes_under_its_real_id(
+    bot: BotProcess, sim: OneBotSim, llm_answers: ScriptedLLM
+) -> None:
+    group = 10101
+    with lagrange_sends(sim) as echoed:
+        await sim.group_message(group, 20001, [at(SELF_ID), text(" 在吗")], nickname="甲")
+        await until(lambda: _true(len(echoed) == 1), "the answer echoed")
+        await sim.group_message(group, 20001, "签到", nickname="甲")  # another plugin's send: id 0 too
+        await until(lambda: _true(len(echoed) == 2), "the other plugin's send echoed")
+        await sim.group_message(group, 20001, "好的", nickname="甲")
+        stored = await settled(bot, group_sid(group), 5)
+    assert stored == [
+        ("user", f"[甲(20001)] @小记({SELF_ID}) 在吗"),
+        ("assistant", ANSWER),
+        ("user", "[甲(20001)] 签到"),
+        ("assistant", "@甲(20001) 签到成功，积分 +10[图片]"),
+        ("user", "[甲(20001)] 好的"),
+    ]
+    ids = await query(
+        bot.db_path, "SELECT platform_id FROM messages WHERE session_id = ? ORDER BY id", group_sid(group)
+    )
+    assert "0" not in [r[0] for r in ids]
+
+
+# Members' messages under id 0: `CalcMessageHash` above is 0 for a message whose sequence and
+# random id both end in 0x0000 (one in 2^32), and a group_recall notice then names 0 too
+# (Lagrange.OneBot/Core/Notify/NotifyService.cs OnGroupRecallEvent: `MessageRecord.CalcMessageHash
+# (e.Random, e.Sequence)`). Two such messages are two messages, and a withdrawal of 0 marks none.
+async def test_two_members_messages_under_id_0_are_both_stored_and_a_recall_of_0_marks_neither(
+    bot: BotProcess, sim: OneBotSim
+) -> None:
+    group = 10102
+    await sim.group_message(group, 20001, "第一句，编号零", nickname="甲", message_id=0)
+    await sim.group_message(group, 20002, "第二句，也是零", nickname="乙", message_id=0)
+    await sim.notice("group_recall", group_id=group, user_id=20002, operator_id=20002, message_id=0)
+    await sim.group_message(group, 20001, "第三句", nickname="甲")
+    stored = await settled(bot, group_sid(group), 4)
+    assert stored == [
+        ("user", "[甲(20001)] 第一句，编号零"),
+        ("user", "[乙(20002)] 第二句，也是零"),
+        ("notice", "乙(20002) 撤回了一条消息"),
+        ("user", "[甲(20001)] 第三句"),
+    ]
+    marks = await query(
+        bot.db_path,
+        "SELECT platform_id, withdrawn FROM messages WHERE session_id = ? ORDER BY id",
+        group_sid(group),
+    )
+    assert [(r[0], r[1]) for r in marks][:2] == [(None, 0), (None, 0)]
+
+
+async def away(bot: BotProcess, sim: OneBotSim) -> None:
+    """bot.py killed: what is said now, the simulator keeps for its history actions."""
+    await bot.kill()
+    await asyncio.wait_for(sim.disconnected.wait(), 15)
+
+
+async def back(bot: BotProcess, sim: OneBotSim, *, restart: bool = True, backfill: bool = True) -> None:
+    """bot.py started again (or only the connection renewed) and its backfill done."""
+    if restart:
+        await bot.start()
+    runs = bot.log().count("memsum: backfill of")
+    await sim.connect()
+    await wait_log(bot, f"Bot {SELF_ID} connected")
+    if backfill:
+        await until(lambda: _true(bot.log().count("memsum: backfill of") > runs), "the backfill")
+
+
+# The backfill under id 0: a fetched message under 0 cannot be told from one stored already
+# (Lagrange's history answers each message under its `CalcMessageHash`, GetGroupMessageHistory
+# Operation.cs, as its events do): it is left out, not stored again on every reconnect.
+async def test_a_fetched_message_under_id_0_is_not_stored_again_on_every_reconnect(
+    tmp_path_factory: pytest.TempPathFactory, llm_answers: ScriptedLLM
+) -> None:
+    group = 10103
+    sid = group_sid(group)
+    async with BotProcess(tmp_path_factory.mktemp("audit10lo-zero"), env=bot_env(llm_answers)) as bot:
+        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+        await back(bot, sim, restart=False, backfill=False)
+        await sim.group_message(group, 20001, "大家好", nickname="甲")
+        await wait_rows(bot, sid, 1)
+        await away(bot, sim)
+        await sim.group_message(group, 20002, "编号零的消息", nickname="乙", message_id=0)
+        await sim.group_message(group, 20002, "有编号的消息", nickname="乙")
+        await back(bot, sim)
+        await sim.close()
+        await back(bot, sim, restart=False)
+        await sim.group_message(group, 20001, "收尾", nickname="甲")
+        assert await settled(bot, sid, 3) == [
+            ("user", "[甲(20001)] 大家好"),
+            ("user", "[乙(20002)] 有编号的消息"),
+            ("user", "[甲(20001)] 收尾"),
+        ]
+        await sim.close()
