@@ -24,6 +24,9 @@ from typing import Any
 
 import pytest
 
+from nonebot_plugin_memsum.config import ModelConfig
+from nonebot_plugin_memsum.llm.client import LLMClient, RetryPolicy
+from nonebot_plugin_memsum.llm.errors import LLMRateLimited
 from tests.fakes.botproc import BotProcess
 from tests.fakes.e2e import SELF_ID, connected, group_sid, query, rows, until, wait_log, wait_rows
 from tests.fakes.llm_server import Reply, ScriptedLLM
@@ -240,3 +243,87 @@ async def test_a_fetched_message_under_id_0_is_not_stored_again_on_every_reconne
             ("user", "[甲(20001)] 收尾"),
         ]
         await sim.close()
+
+
+# ---- 2. Gemini's retry delay ------------------------------------------------------------------------
+# Gemini's 429 carries how long to wait as a `google.rpc.RetryInfo` among the error's `details`
+# (googleapis/googleapis google/rpc/error_details.proto: `google.protobuf.Duration retry_delay`,
+# in JSON a string of seconds with an "s", fractions allowed), as googleapis/python-genai#1875
+# quotes it ("retryDelay": "53s", "Please retry in 53.016342224s.") and Aider-AI/aider#3694
+# ("retryDelay": "44s", beside a google.rpc.QuotaFailure); the OpenAI-compatible endpoint
+# answers errors as an array of one (n4ze3m/page-assist#406, FuzzAnything/PromptFuzz#42).
+def gemini_429(delay: str, *, array: bool = True) -> str:
+    error = {
+        "error": {
+            "code": 429,
+            "message": "You exceeded your current quota, please check your plan and billing details."
+            f" Please retry in {delay[:-1]}.016342224s.",
+            "status": "RESOURCE_EXHAUSTED",
+            "details": [
+                {
+                    "@type": "type.googleapis.com/google.rpc.QuotaFailure",
+                    "violations": [
+                        {
+                            "quotaMetric": "generativelanguage.googleapis.com/generate_requests_per_model",
+                            "quotaId": "GenerateRequestsPerMinutePerProjectPerModel-FreeTier",
+                            "quotaValue": "10",
+                        }
+                    ],
+                },
+                {"@type": "type.googleapis.com/google.rpc.Help", "links": [{"description": "quota"}]},
+                {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": delay},
+            ],
+        }
+    }
+    return json.dumps([error] if array else error)
+
+
+class Sleeps(list[float]):
+    """The client's waits, recorded instead of waited out."""
+
+    async def __call__(self, seconds: float) -> None:
+        self.append(seconds)
+
+
+@pytest.fixture
+async def waits(llm: ScriptedLLM) -> AsyncIterator[tuple[LLMClient, ModelConfig, Sleeps]]:
+    sleeps = Sleeps()
+    client = LLMClient(timeout=5, sleep=sleeps)
+    try:
+        yield client, ModelConfig(**llm.model_config()), sleeps
+    finally:
+        await client.aclose()
+
+
+MESSAGES = [{"role": "system", "content": "摘要助手"}, {"role": "user", "content": "[甲(20001)] 你好"}]
+
+
+@pytest.mark.parametrize("array", [True, False], ids=["openai-endpoint-array", "native-object"])
+async def test_gemini_429_waits_the_retry_delay_it_names_then_succeeds(
+    llm: ScriptedLLM, waits: tuple[LLMClient, ModelConfig, Sleeps], array: bool
+) -> None:
+    client, model, sleeps = waits
+    llm.push(Reply(status=429, raw=gemini_429("7s", array=array)), Reply("好的"))
+    result = await client.chat(model, MESSAGES, purpose="摘要")
+    assert result.content == "好的"
+    assert sleeps == [7.0]  # not the 0.5 s back-off, which only meets the same 429 again
+
+
+async def test_gemini_retry_delay_longer_than_the_bound_waits_the_bound_as_retry_after_does(
+    llm: ScriptedLLM, waits: tuple[LLMClient, ModelConfig, Sleeps]
+) -> None:
+    client, model, sleeps = waits
+    llm.push(*[Reply(status=429, raw=gemini_429("37s"))] * 3)
+    with pytest.raises(LLMRateLimited):
+        await client.chat(model, MESSAGES, purpose="摘要")
+    cap = RetryPolicy().retry_after_cap
+    assert sleeps == [cap, cap]
+
+
+async def test_a_retry_after_header_still_wins_over_the_body(
+    llm: ScriptedLLM, waits: tuple[LLMClient, ModelConfig, Sleeps]
+) -> None:
+    client, model, sleeps = waits
+    llm.push(Reply(status=429, raw=gemini_429("9s"), headers={"Retry-After": "2"}), Reply("好的"))
+    assert (await client.chat(model, MESSAGES, purpose="摘要")).content == "好的"
+    assert sleeps == [2.0]

@@ -126,7 +126,9 @@ class RetryPolicy:
     cap: float = 8.0
     """Longest computed wait."""
     retry_after_cap: float = 20.0
-    """Longest wait a `Retry-After` header can ask for."""
+    """Longest wait a `Retry-After` header (or Gemini's `retryDelay`) can ask for: a longer one
+    waits this long and tries once more (a user is waiting; a quota that is out for minutes
+    fails the call after the retries, as any 429 does)."""
 
     def retryable(self, err: LLMError) -> bool:
         if isinstance(err, LLMConnectError):
@@ -445,6 +447,7 @@ def _detail(text: object, model: ModelConfig) -> str:
 
 def _status_error(model: ModelConfig, resp: httpx.Response, body: Mapping[str, Any]) -> LLMStatusError:
     message = f"{model.id}: HTTP {resp.status_code}"
+    retry_after = _retry_after(resp.headers.get("retry-after"))
     provider = _error_text(resp.content)
     if provider:
         message += f": {_detail(provider, model)}"
@@ -452,7 +455,7 @@ def _status_error(model: ModelConfig, resp: httpx.Response, body: Mapping[str, A
         resp.status_code,
         message,
         model_id=model.id,
-        retry_after=_retry_after(resp.headers.get("retry-after")),
+        retry_after=_retry_info(resp.content) if retry_after is None else retry_after,
     )
     if type(err) is LLMBadRequest and resp.status_code == 400:  # not a content review's refusal
         err.refused = refused_parameter(body, resp.content.decode("utf-8", "replace"))
@@ -579,6 +582,30 @@ def _retry_after(value: str | None) -> float | None:
     except ValueError:
         return None
     return seconds if seconds is not None and seconds >= 0 else None
+
+
+_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?)s\s*")
+"""A `google.protobuf.Duration` in JSON: seconds with an "s", fractions allowed ("37s", "1.5s")."""
+
+
+def _retry_info(body: bytes) -> float | None:
+    """Seconds a Google API's error asks us to wait: the `retryDelay` of a `google.rpc.RetryInfo`
+    among its `details` (googleapis/googleapis google/rpc/error_details.proto), as Gemini's 429
+    says it, also in the array its OpenAI-compatible endpoint answers (`[{"error": {...}}]`).
+    Honoured as `Retry-After` is (RetryPolicy.delay), within the same bound; None when it names none."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    if isinstance(data, list) and len(data) == 1:
+        data = data[0]
+    error = data.get("error") if isinstance(data, dict) else None
+    details = error.get("details") if isinstance(error, dict) else None
+    for detail in details if isinstance(details, list) else ():
+        if isinstance(detail, dict) and str(detail.get("@type", "")).endswith("google.rpc.RetryInfo"):
+            found = _DURATION.fullmatch(str(detail.get("retryDelay", "")))
+            return float(found.group(1)) if found else None
+    return None
 
 
 def _parse_completion(model: ModelConfig, body: bytes) -> ChatResult:

@@ -135,7 +135,7 @@ class LLMStatusError(LLMError):
         super().__init__(message, model_id=model_id)
         self.status = status
         self.retry_after = retry_after
-        """Seconds the API asked us to wait (`Retry-After`), if it said."""
+        """Seconds the API asked us to wait (`Retry-After`, else Gemini's `retryDelay`), if it said."""
 
 
 class LLMAuthError(LLMStatusError):
