@@ -327,3 +327,126 @@ async def test_a_retry_after_header_still_wins_over_the_body(
     llm.push(Reply(status=429, raw=gemini_429("9s"), headers={"Retry-After": "2"}), Reply("好的"))
     assert (await client.chat(model, MESSAGES, purpose="摘要")).content == "好的"
     assert sleeps == [2.0]
+
+
+# ---- 3. The backfill and the bot account's own messages -------------------------------------------
+# What the owner types on the bot's account from a phone is, in every implementation's history,
+# a message whose sender is the account (NapCat GetGroupMsgHistory.ts answers the account's own
+# messages as its other ones, OneBotSim._history does the same; Lagrange's history is the group's
+# roaming messages, GetGroupMessageHistoryOperation.cs, sender the account).
+async def test_what_the_owner_typed_on_the_bots_account_while_down_is_backfilled_as_the_bots_once(
+    tmp_path_factory: pytest.TempPathFactory, llm_answers: ScriptedLLM
+) -> None:
+    group, off = 10301, 10302
+    sid = group_sid(group)
+    async with BotProcess(tmp_path_factory.mktemp("audit10lo-own"), env=bot_env(llm_answers)) as bot:
+        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+        await back(bot, sim, restart=False, backfill=False)
+        await sim.group_message(group, 20001, "大家好", nickname="甲")
+        await sim.group_message(group, 20001, [at(SELF_ID), text(" 在吗")], nickname="甲")
+        await wait_rows(bot, sid, 3)  # the answer, sent as the bot's message of the group's history
+        mark = len(sim.calls)
+        await sim.group_message(group, OWNER, "/记忆模式", nickname="主人")  # its output is no chat
+        await sim.wait_call({"send_msg", "send_group_msg"}, after=mark)
+        await sim.group_message(off, 20001, "关掉之前", nickname="甲")
+        await wait_rows(bot, group_sid(off), 1)
+        mark = len(sim.calls)
+        await sim.group_message(off, OWNER, "/记忆模式 关", nickname="主人")
+        await sim.wait_call({"send_msg", "send_group_msg"}, after=mark)
+        chats_before = len(chats(llm_answers))
+        await away(bot, sim)
+        await sim.group_message(group, 20002, "机器人挂了吗", nickname="乙")
+        await sim.group_message(group, SELF_ID, [text("我在修，"), at(20002), text(" 马上好")])
+        await sim.group_message(group, 20002, "好", nickname="乙")
+        await sim.group_message(off, SELF_ID, "关掉的群里说的")
+        await back(bot, sim)
+        expected = [
+            ("user", "[甲(20001)] 大家好"),
+            ("user", f"[甲(20001)] @小记({SELF_ID}) 在吗"),
+            ("assistant", ANSWER),
+            ("user", "[乙(20002)] 机器人挂了吗"),
+            ("assistant", "我在修，@乙(20002) 马上好"),
+            ("user", "[乙(20002)] 好"),
+        ]
+        assert await settled(bot, sid, 6) == expected
+        assert await rows(bot, group_sid(off)) == [("user", "[甲(20001)] 关掉之前")]
+        assert len(chats(llm_answers)) == chats_before  # the owner's words asked nothing
+        # Once more: a reconnect, then a restart, store nothing twice.
+        await sim.close()
+        await back(bot, sim, restart=False)
+        await away(bot, sim)
+        await back(bot, sim)
+        assert await settled(bot, sid, 6) == expected
+        await sim.close()
+
+
+# The sends of the plugin answered `message_id: 0` (Lagrange.OneBot before beca0917, above) with
+# IgnoreSelf on, its default then (Lagrange.OneBot/Resources/appsettings.json `"IgnoreSelf":
+# true`): no echo, the answer kept no id, and its copy in the history has its real one.
+async def test_the_plugins_answer_sent_under_id_0_is_not_backfilled_again_as_the_bots_words(
+    tmp_path_factory: pytest.TempPathFactory, llm_answers: ScriptedLLM
+) -> None:
+    group = 10303
+    sid = group_sid(group)
+    async with BotProcess(tmp_path_factory.mktemp("audit10lo-lagrange"), env=bot_env(llm_answers)) as bot:
+        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+        await back(bot, sim, restart=False, backfill=False)
+        with lagrange_sends(sim, echo=False):
+            await sim.group_message(group, 20001, [at(SELF_ID), text(" 在吗")], nickname="甲")
+            await wait_rows(bot, sid, 2)
+            mark = len(sim.calls)
+            await sim.group_message(group, OWNER, "/记忆模式", nickname="主人")
+            await sim.wait_call({"send_msg", "send_group_msg"}, after=mark)
+            await asyncio.sleep(0.5)  # what went out noted
+            await away(bot, sim)
+            await sim.group_message(group, SELF_ID, "手机上补一句")
+            await back(bot, sim)
+        assert await settled(bot, sid, 3) == [
+            ("user", f"[甲(20001)] @小记({SELF_ID}) 在吗"),
+            ("assistant", ANSWER),
+            ("assistant", "手机上补一句"),
+        ]
+        await sim.close()
+
+
+# A restart in the middle of the backfill: one group's history is in, the other's fetch still
+# waits for the implementation when bot.py is killed. The next start stores the rest, and
+# nothing twice.
+async def test_a_restart_in_the_middle_of_the_backfill_stores_the_bots_words_once(
+    tmp_path_factory: pytest.TempPathFactory, llm_answers: ScriptedLLM
+) -> None:
+    first, slow = 10304, 10305
+    async with BotProcess(tmp_path_factory.mktemp("audit10lo-middle"), env=bot_env(llm_answers)) as bot:
+        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+        await back(bot, sim, restart=False, backfill=False)
+        for group in (first, slow):
+            await sim.group_message(group, 20001, "早", nickname="甲")
+            await wait_rows(bot, group_sid(group), 1)
+        await away(bot, sim)
+        for group in (first, slow):
+            await sim.group_message(group, SELF_ID, "主人在手机上说的")
+            await sim.group_message(group, 20001, "收到", nickname="甲")
+        history = sim.responders["get_group_msg_history"]
+        hold = asyncio.Event()
+
+        async def held(params: dict[str, Any]) -> Any:
+            if int(params["group_id"]) == slow:
+                await hold.wait()
+            return history(params)
+
+        sim.responders["get_group_msg_history"] = held
+        await bot.start()
+        await sim.connect()
+        await wait_rows(bot, group_sid(first), 3)
+        await sim.wait_call("get_group_msg_history", predicate=lambda c: int(c.params["group_id"]) == slow)
+        await away(bot, sim)
+        sim.responders["get_group_msg_history"] = history
+        hold.set()
+        await back(bot, sim)
+        for group in (first, slow):
+            assert await settled(bot, group_sid(group), 3, quiet=0.3) == [
+                ("user", "[甲(20001)] 早"),
+                ("assistant", "主人在手机上说的"),
+                ("user", "[甲(20001)] 收到"),
+            ]
+        await sim.close()

@@ -89,7 +89,7 @@ async def record_message(
         # FIFO: a name look-up must not let a later message overtake.
         async with rt.onebot.recording.hold(record.id):
             if by_bot:
-                msg = await bot_message_of(bot, event, record.id, group_id)
+                msg = await bot_message_of(bot, event, record.id, group_id, said_at=said_at)
             else:
                 msg = await message_of(bot, event, record.id, group_id, addressed=addressed, said_at=said_at)
             try:
@@ -167,16 +167,19 @@ async def message_of(
     )
 
 
-async def bot_message_of(bot: Bot, event: MessageEvent, scope: str, group_id: int | None) -> Message:
+async def bot_message_of(
+    bot: Bot, event: MessageEvent, scope: str, group_id: int | None, *, said_at: float | None = None
+) -> Message:
     """What the bot account said, not through this plugin, as the assistant message the model
-    will read: no label, as its own answers (a quote is left out as well)."""
+    will read: no label, as its own answers (a quote is left out as well). `said_at`: the
+    platform's time of a fetched one."""
     segments = segments_of(event.original_message)
     known = await names.look_up(bot, scope, group_id, _mentioned(segments))
     return Message(
         role="assistant",
         # Another plugin may repeat what a member wrote: no label in it speaks for anyone.
         content=neutralise_labels(render_segments(segments, known)),
-        ts=clock.now(),
+        ts=said_at or clock.now(),
         metadata={"message_id": event.message_id},
         platform_id=platform_id(event.message_id),
     )

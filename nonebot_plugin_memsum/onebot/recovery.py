@@ -3,7 +3,8 @@
 When an account connects, every session of it with a message stored in the last
 MEMSUM_BACKFILL_HOURS fetches what was said while the bot was away
 (`get_group_msg_history` / `get_friend_msg_history`) and records it through the same
-path as a live message (same labels; stored once by platform message id), a few
+path as a live message (same labels; stored once by platform message id; what the bot
+account said as the bot's own, unless it went out through this process: said.py), a few
 sessions at a time; a live message of such a session waits until its backfill is
 done, so what was said before it is stored before it, and has that session fetched at
 once (beside the few, up to as many again) rather than queued behind a thousand groups'
@@ -358,6 +359,10 @@ async def _backfill(bot: Bot, account: Account, sid: str, last: float, *, questi
     # trip: at a thousand groups they are most of what is fetched.
     said = {str(p["message_id"]): _time(p) or clock.now() for p in recent}  # as record_message dates it
     known = await runtime.get().store.stored_platform_ids(sid, said)
+    from .said import sent_here  # said.py imports record.py, which imports this module
+
+    mine = [p for p in recent if str(p.get("user_id")) == bot.self_id and str(p["message_id"]) not in known]
+    sent = await sent_here(sid) if mine else []
     stored = 0
     for payload in recent:
         if str(payload["message_id"]) in known:
@@ -365,7 +370,7 @@ async def _backfill(bot: Bot, account: Account, sid: str, last: float, *, questi
         event = Adapter.json_to_event(payload)
         if not isinstance(event, GroupMessageEvent | PrivateMessageEvent):
             continue
-        msg = await _record_fetched(bot, event)
+        msg = await _record_fetched(bot, event, sent)
         if msg is not None:
             stored += 1
             if msg.addressed:
@@ -445,16 +450,30 @@ def _refused(bot: Bot, account: Account, sid: str, action: str, err: Exception) 
     logger.debug(f"memsum: backfill of {sid} skipped: {action} failed ({type(err).__name__} {retcode})")
 
 
-async def _record_fetched(bot: Bot, event: MessageEvent) -> Message | None:
-    """Stores a fetched message (`addressed`: it asked the bot); None when not stored."""
+async def _record_fetched(
+    bot: Bot, event: MessageEvent, sent: list[tuple[str, str | None]]
+) -> Message | None:
+    """Stores a fetched message (`addressed`: it asked the bot); None when not stored. One of
+    the bot account is stored as the bot's own words (the owner typing on it while bot.py was
+    down), as said.py stores a live one, unless it went out through this process's Bot
+    (`sent`: the plugin's own sends, command output and notices too; those without an id)."""
     from nonebot_plugin_memsum.commands import COMMAND_NAMES  # commands import this package
 
     from .record import drop_foreign_quote, fill_forgotten_quote, record_message
+    from .said import echo_text, sent_here_match
 
-    if str(event.user_id) == bot.self_id or (is_empty(event.original_message) and event.reply is None):
-        return None  # the bot's own answer is stored as the assistant's; nothing said
+    if is_empty(event.original_message) and event.reply is None:
+        return None  # nothing said
     if is_command(event, get_driver().config.command_start, COMMAND_NAMES):
         return None
+    if str(event.user_id) == bot.self_id:
+        if is_empty(event.original_message):
+            return None  # a bare quote: nothing the account said
+        if sent_here_match(sent, str(event.message_id), echo_text(event.original_message)):
+            return None
+        said_at = platform_time(event.time)
+        _, msg = await record_message(bot, event, said_at=said_at, fetched=True, by_bot=True)
+        return msg
     rt = runtime.get()
     await _resolve_reply(bot, event)
     drop_foreign_quote(bot, event)

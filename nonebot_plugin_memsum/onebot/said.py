@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
 from nonebot.adapters import Bot as BaseBot
@@ -37,7 +37,7 @@ from nonebot.adapters.onebot.v11 import Message as OBMessage
 from nonebot.compat import type_validate_python
 from nonebot.log import logger
 
-from nonebot_plugin_memsum import runtime
+from nonebot_plugin_memsum import clock, runtime
 from nonebot_plugin_memsum.agent.turn import OWN_SEND
 from nonebot_plugin_memsum.errors import NotStarted, StoreError
 
@@ -141,6 +141,9 @@ async def _called(
             return
         message_id = sent_id(result) if exception is None else None
         rt.onebot.own_sends.sent(sid, echo_text(message), message_id)
+        if OWN_SEND.get() or message_id is None:
+            # What the backfill must not take for the account's own words, after a restart too.
+            _in_background(rt, _remember_sent(sid, echo_text(message), message_id), f"memsum-sent-{sid}")
         if OWN_SEND.get():
             return  # stored by its turn, or no chat
         event = _as_event(bot, target, message, message_id)
@@ -149,9 +152,67 @@ async def _called(
         # Stored in the background: the other plugin's send must not wait for this plugin's
         # order (a message of the session before it may be waiting for this very send).
         arrival = rt.onebot.arrivals.take(sid)
-        task = asyncio.create_task(record_said(bot, event, arrival), name=f"memsum-said-{sid}")
-        rt.onebot.recording_said.add(task)
-        task.add_done_callback(rt.onebot.recording_said.discard)
+        _in_background(rt, record_said(bot, event, arrival), f"memsum-said-{sid}")
+
+
+def _in_background(rt: runtime.Runtime, work: Coroutine[Any, Any, None], name: str) -> None:
+    task = asyncio.create_task(work, name=name)
+    rt.onebot.recording_said.add(task)
+    task.add_done_callback(rt.onebot.recording_said.discard)
+
+
+SENT_NAMESPACE = "memsum_sent"
+"""Per session, what went out through this process's Bot that no stored message carries the id
+of (the plugin's own sends: command output, notices; sends answered without an id), as
+[text, id or None, time]: a fetched message of the bot account that is one of them is not
+stored as what the account said (recovery.py), after a restart too."""
+SENT_KEPT = 20
+
+
+async def _remember_sent(session_id: str, text: str, message_id: str | None) -> None:
+    rt = runtime.get()
+    since = clock.now() - rt.config.memsum_backfill_hours * 3600
+    mine = [e for e in rt.onebot.sent.get(session_id, []) if e[2] >= since]
+    mine = rt.onebot.sent[session_id] = [*mine, [text, message_id, clock.now()]][-SENT_KEPT:]
+    try:
+        async with rt.onebot.recording.hold(f"sent:{session_id}"):
+            kept = await rt.store.get_meta(SENT_NAMESPACE, session_id) or []
+            kept = _merged([e for e in kept if isinstance(e, list) and len(e) == 3 and e[2] >= since], mine)
+            await rt.store.put_meta(SENT_NAMESPACE, session_id, kept[-SENT_KEPT:])
+    except StoreError as err:  # kept in memory: this process's backfill still knows it
+        logger.debug(f"memsum: a send of {session_id} not noted: {err}")
+
+
+def _merged(*lists: list[Any]) -> list[Any]:
+    """Entries of several lists once each, oldest first."""
+    seen: dict[tuple[Any, ...], list[Any]] = {}
+    for entry in (e for entries in lists for e in entries):
+        seen.setdefault(tuple(entry), entry)
+    return sorted(seen.values(), key=lambda e: e[2])
+
+
+async def sent_here(session_id: str) -> list[tuple[str, str | None]]:
+    """What `_remember_sent` kept of the session, in the store and in memory: (text, id or
+    None), oldest first."""
+    try:
+        kept = await runtime.get().store.get_meta(SENT_NAMESPACE, session_id) or []
+    except StoreError:
+        kept = []
+    kept = [e for e in kept if isinstance(e, list) and len(e) == 3]
+    return [
+        (str(e[0]), None if e[1] is None else str(e[1]))
+        for e in _merged(kept, runtime.get().onebot.sent.get(session_id, []))
+    ]
+
+
+def sent_here_match(sent: list[tuple[str, str | None]], message_id: str, text: str) -> bool:
+    """Whether a fetched message of the account is one of `sent` (then taken out of it): the
+    same id, or the same text of one sent without an id."""
+    for i, (said, sent_under) in enumerate(sent):
+        if sent_under == message_id or (sent_under is None and said == text):
+            del sent[i]
+            return True
+    return False
 
 
 def _as_event(

@@ -256,5 +256,8 @@ class OneBotState:
     refusals: Refusals = field(default_factory=Refusals)
     own_sends: OwnSends = field(default_factory=OwnSends)
     """The plugin's own sends whose echoes are not stored again (`said.py`)."""
+    sent: LRU[str, list[Any]] = field(default_factory=LRU)
+    """Per session, what went out through the Bot that the backfill must not store as the
+    account's words (`said._remember_sent`), also while the store refuses to keep it."""
     recording_said: set[asyncio.Task[None]] = field(default_factory=set)
     """Messages other plugins sent being stored (`said.py`): kept until done."""
