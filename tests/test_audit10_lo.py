@@ -450,3 +450,38 @@ async def test_a_restart_in_the_middle_of_the_backfill_stores_the_bots_words_onc
                 ("user", "[甲(20001)] 收到"),
             ]
         await sim.close()
+
+
+# bot.py killed while its answer's send waits for the implementation's response: the answer
+# went out (it is in the group's history, under its id) and is stored, but no id or note of the
+# send was kept. The fetched copy is that answer, known by its text, not the owner's words.
+async def test_an_answer_whose_send_the_kill_cut_short_is_not_backfilled_a_second_time(
+    tmp_path_factory: pytest.TempPathFactory, llm_answers: ScriptedLLM
+) -> None:
+    group = 10306
+    sid = group_sid(group)
+    async with BotProcess(tmp_path_factory.mktemp("audit10lo-cut"), env=bot_env(llm_answers)) as bot:
+        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+        await back(bot, sim, restart=False, backfill=False)
+        send = sim.responders["send_msg"]
+        went_out = asyncio.Event()
+
+        async def no_response(params: dict[str, Any]) -> Any:
+            data = send(params)  # in the history from now on
+            went_out.set()
+            await asyncio.sleep(60)
+            return data
+
+        sim.responders["send_msg"] = no_response
+        await sim.group_message(group, 20001, [at(SELF_ID), text(" 在吗")], nickname="甲")
+        await asyncio.wait_for(went_out.wait(), 20)
+        await away(bot, sim)
+        sim.responders["send_msg"] = send
+        await sim.group_message(group, SELF_ID, "手机上补一句")
+        await back(bot, sim)
+        assert await settled(bot, sid, 3) == [
+            ("user", f"[甲(20001)] @小记({SELF_ID}) 在吗"),
+            ("assistant", ANSWER),
+            ("assistant", "手机上补一句"),
+        ]
+        await sim.close()

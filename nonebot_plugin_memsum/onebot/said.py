@@ -192,17 +192,24 @@ def _merged(*lists: list[Any]) -> list[Any]:
 
 
 async def sent_here(session_id: str) -> list[tuple[str, str | None]]:
-    """What `_remember_sent` kept of the session, in the store and in memory: (text, id or
-    None), oldest first."""
+    """What `_remember_sent` kept of the session, in the store and in memory, then the
+    session's last answers stored without an id (bot.py killed between an answer's send and
+    its note): (text, id or None)."""
+    rt = runtime.get()
     try:
-        kept = await runtime.get().store.get_meta(SENT_NAMESPACE, session_id) or []
+        kept = await rt.store.get_meta(SENT_NAMESPACE, session_id) or []
+        stored = await rt.store.get_history(session_id, SENT_KEPT)
     except StoreError:
-        kept = []
+        kept, stored = [], []
     kept = [e for e in kept if isinstance(e, list) and len(e) == 3]
-    return [
+    noted = [
         (str(e[0]), None if e[1] is None else str(e[1]))
-        for e in _merged(kept, runtime.get().onebot.sent.get(session_id, []))
+        for e in _merged(kept, rt.onebot.sent.get(session_id, []))
     ]
+    unnamed = [
+        (" ".join(m.content.split()), None) for m in stored if m.role == "assistant" and m.platform_id is None
+    ]
+    return noted + unnamed
 
 
 def sent_here_match(sent: list[tuple[str, str | None]], message_id: str, text: str) -> bool:
