@@ -19,7 +19,7 @@ import json
 import re
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -320,3 +320,48 @@ async def test_r_mem_1_the_summary_is_a_metadata_row_of_the_same_sqlite_file_as_
     (value,) = rows
     assert json.loads(value[0])["text"] == CHAT_SUMMARY
     assert (await api.status(GROUP.id)).summary == CHAT_SUMMARY
+
+
+# ---- R-MEM-2/3: a clear that cancels the turn's own compression ---------------------------------
+IN_TURN: dict[str, Any] = {
+    "chat": {"context_window": 10000},
+    "memsum_compress_at": 0.5,
+    "memsum_trim_ratio": 0.3,
+}
+
+
+@pytest.mark.parametrize("kind", ["context", "summary"])
+async def test_r_mem_3_a_clear_that_cancels_the_in_turn_run_keeps_what_it_cleared_from_the_model(
+    make: Make, on_api: Any, kind: Literal["context", "summary"]
+) -> None:
+    """The turn whose request is over the trim budget compresses first (the README's decision);
+    the owner clears while that summary is still being written. The run is cancelled (R-MEM-3),
+    and once the clear has returned what it cleared is 「不再发给模型」: the turn must not send
+    the request it assembled before the clear (the cleared messages, or the cleared summary)."""
+    env = on_api(await make(**IN_TURN))
+    await env.rt.store.put_meta("summary", GROUP.id, OLD_SUMMARY)
+    history = [
+        await put(GROUP, role="user", content=f"[成员{i}(3{i:03d})] 旧话题{i}：" + "字" * 120, ts=1.0 + i)
+        for i in range(30)
+    ]
+    gate = env.model.hold_summary()
+    turn = asyncio.create_task(api.run_turn(GROUP.id, None, IN_GROUP))
+    with gate:
+        await gate.reached()
+        await api.clear(GROUP.id, kind)
+    outcome = await turn
+    assert env.phases() == [("start", None), ("error", "压缩期间会话被清空")]
+    assert (await api.status(GROUP.id)).summary is None
+    sent = json.dumps(env.model.chat_requests(), ensure_ascii=False)
+    assert "上周的旧话题" not in sent  # the old summary, cleared by either kind
+    if kind == "context":
+        # Nothing is left to answer: no request at all, nothing stored after the clear.
+        assert (outcome, env.model.chat_requests()) == ("silent", [])
+        assert await api.history(GROUP.id) == []
+    else:
+        # The history stays and is answered (hard-trimmed: the run that would have made room
+        # was cancelled), without the summary the owner cleared.
+        assert outcome == "replied"
+        (request,) = env.model.chat_requests()
+        assert history[-1].content in sent
+        assert not any(str(m["content"] or "").startswith(INJECTION_HEAD) for m in request["messages"])

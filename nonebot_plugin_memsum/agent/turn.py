@@ -489,10 +489,14 @@ class Agent:
                 # Issue 9: compress now rather than send a trimmed request, at most once a turn.
                 made_room = True
                 question = await self.first_question(session_id, history)
-                if await self._make_room(session_id, entry, prompt, question):
-                    history, prompt = await self._read_prompt(
-                        session_id, entry, limit, persona, budget, tools, no_summary
-                    )
+                await self._make_room(session_id, entry, prompt, question)
+                # Read again whatever became of the run: it compressed, or a clear cancelled it
+                # (R-MEM-2/3), and what was cleared meanwhile is no longer sent to the model.
+                history, prompt = await self._read_prompt(
+                    session_id, entry, limit, persona, budget, tools, no_summary
+                )
+                if not prompt.conversation:
+                    return "silent"  # the context was cleared: nothing is left to answer
             if history and history[-1].id is not None:
                 stats.read = history[-1].id
             # R-TRIG-4: the active count at turn start plus the turn's tool calls and results
