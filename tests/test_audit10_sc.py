@@ -365,3 +365,90 @@ async def test_r_mem_3_a_clear_that_cancels_the_in_turn_run_keeps_what_it_cleare
         (request,) = env.model.chat_requests()
         assert history[-1].content in sent
         assert not any(str(m["content"] or "").startswith(INJECTION_HEAD) for m in request["messages"])
+
+
+# ---- R-RUN-2 / R-RUN-12: a message written between a call and its results ------------------------
+# What every OpenAI-compatible provider requires of the messages it is sent: an assistant message
+# with `tool_calls` is followed at once by the tool messages answering each call id; anything in
+# between is refused with a 400. The wording, as users hit it: OpenAI ("An assistant message with
+# 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'. The following
+# tool_call_ids did not have response messages: …", agno-agi/agno#3105, BerriAI/litellm#10083),
+# DeepSeek ("… (insufficient tool messages following tool_calls message)", langgenius/dify#32222),
+# DashScope/Qwen ("InternalError.Algo.InvalidParameter: An assistant message with "tool_calls" must
+# be followed by tool messages …", QwenLM/qwen-code#606).
+def tool_groups_whole(messages: list[dict[str, Any]]) -> bool:
+    """Whether each assistant message with tool calls is followed at once by their results."""
+    for i, m in enumerate(messages):
+        if m.get("tool_calls"):
+            ids = [c["id"] for c in m["tool_calls"]]
+            after = messages[i + 1 : i + 1 + len(ids)]
+            if sorted(r.get("tool_call_id") or "" for r in after if r["role"] == "tool") != sorted(ids):
+                return False
+        elif m["role"] == "tool" and not (
+            i and (messages[i - 1].get("tool_calls") or messages[i - 1]["role"] == "tool")
+        ):
+            return False
+    return True
+
+
+async def test_r_run_2_a_member_speaking_while_the_bots_tool_runs_comes_after_the_group_on_the_wire(
+    make: Make, on_api: Any
+) -> None:
+    """A member's message recorded while the agent's tool runs sits between the call and its
+    result in the store (R-RUN-2: 「夹在调用与结果之间的别的消息另成单位、排在这组之后」). The
+    next request carries the group whole and the member's message after it: the provider takes
+    it, the bot answers, and the later turns of the group do not fail on it either."""
+    env = on_api(await make())
+    release = asyncio.Event()
+    started = asyncio.Event()
+
+    @api.tool("slow_lookup", "查一个很慢的资料", {"type": "object", "properties": {}})
+    async def slow_lookup(ctx: api.ToolContext, args: dict[str, Any]) -> str:
+        started.set()
+        await release.wait()
+        return "资料：周六九点集合"
+
+    await put(GROUP, role="user", content="[甲(1)] @小记 查一下集合时间", ts=1.0)
+    env.model.chat.append(Reply("", tool_calls=[{"id": "call_s", "name": "slow_lookup", "arguments": "{}"}]))
+    env.model.chat.append(Reply("周六九点集合"))
+    turn = asyncio.create_task(api.run_turn(GROUP.id, None, IN_GROUP))
+    await asyncio.wait_for(started.wait(), 10)
+    inside = await put(GROUP, role="user", content="[乙(2)] 我也想知道", ts=2.0)
+    release.set()
+    assert await turn == "replied"
+    stored = [m.role for m in await api.history(GROUP.id)]
+    assert stored == ["user", "assistant", "user", "tool", "assistant"]  # the store keeps arrival order
+    second = env.model.chat_requests()[-1]["messages"]
+    assert tool_groups_whole(second)
+    assert [m["role"] for m in second[1:]] == ["user", "assistant", "tool", "user"]
+    assert second[-1]["content"] == inside.content
+    await put(GROUP, role="user", content="[丙(3)] 那几点散？", ts=3.0)
+    assert await api.run_turn(GROUP.id, None, IN_GROUP) == "replied"
+    assert tool_groups_whole(env.model.chat_requests()[-1]["messages"])
+
+
+async def test_r_run_12_a_kept_tool_group_and_the_message_inside_it_reach_the_model_as_a_whole_group(
+    make: Make, on_api: Any
+) -> None:
+    """The summariser keeps both the tool group and the member's line written inside it; they
+    stay active in their stored order (R-RUN-12) and from the next turn on follow the summary
+    as the provider accepts them: the group whole, the line after it (as R-RUN-2 placed it)."""
+    env = on_api(await make(memsum_summary_budget_ratio=0.5))
+    await put(GROUP, role="user", content="[甲(1)] 几点了", ts=1.0)
+    await put(GROUP, role="assistant", content="", tool_calls=(ToolCall("c1", "clock", "{}"),), ts=2.0)
+    inside = await put(GROUP, role="user", content="[乙(2)] 顺便看看日期", ts=3.0)
+    await put(GROUP, role="tool", content="十点", tool_call_id="c1", ts=4.0)
+    await put(GROUP, role="user", content="[丙(3)] " + "长" * 600, ts=5.0)  # room in the keep cap
+    env.model.summary.append(Reply(f"【保留原文】2、3\n{CHAT_SUMMARY}"))
+    result = await api.compress(GROUP.id)
+    (request,) = env.model.summary_requests()
+    assert ANNOTATION.sub("", parts_of(request)[1]).startswith("调用 clock({})\n工具结果(clock): 十点")
+    assert ANNOTATION.sub("", parts_of(request)[2]) == inside.content  # after the group
+    assert result.kept_messages == 3
+    await put(GROUP, role="user", content="[甲(1)] @小记 现在呢", ts=6.0)
+    assert await api.run_turn(GROUP.id, None, IN_GROUP) == "replied"
+    messages = env.model.chat_requests()[-1]["messages"]
+    assert tool_groups_whole(messages)
+    head = next(i for i, m in enumerate(messages) if str(m["content"] or "").startswith(INJECTION_HEAD))
+    assert [m["role"] for m in messages[head + 1 :]] == ["assistant", "tool", "user", "user"]
+    assert messages[head + 3]["content"] == inside.content

@@ -427,7 +427,9 @@ async def test_r_run_1_in_turn_run_ends_before_the_earliest_unanswered_question(
 async def test_r_run_1_in_turn_run_never_splits_a_tool_group_around_the_question(make: Make) -> None:
     # The question came in between a tool call and its result (R-RUN-2: a message inside a
     # group): the cut moves before the group's assistant message, so the call, the question
-    # and the result all stay active and go out as one valid request.
+    # and the result all stay active and go out as one valid request: the group whole, the
+    # question after it (providers refuse anything between a call and its results;
+    # tests/test_audit10_sc.py).
     env = await make(**TRIG, memsum_trim_ratio=0.3)
     rt, model = env.rt, env.model
     await seed(rt, 30, size=120)
@@ -444,7 +446,7 @@ async def test_r_run_1_in_turn_run_never_splits_a_tool_group_around_the_question
     active = [m.id for m in await rt.store.get_history(GROUP.id) if m.is_conversation]
     assert active[:3] == [head.id, question.id, result.id]
     roles = [(m["role"], m.get("tool_call_id"), bool(m.get("tool_calls"))) for m in sent(env)]
-    assert roles[:3] == [("assistant", None, True), ("user", None, False), ("tool", "call_9", False)]
+    assert roles[:3] == [("assistant", None, True), ("tool", "call_9", False), ("user", None, False)]
 
 
 async def test_r_trig_3_nothing_compressible_before_the_question_no_in_turn_run(make: Make) -> None:

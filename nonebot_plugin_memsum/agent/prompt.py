@@ -146,22 +146,37 @@ def hard_trim(
 
 def sendable(history: Sequence[Message]) -> list[Message]:
     """Drop what an OpenAI-compatible API would reject: calls without all their results
-    (a turn that crashed mid-way) and results without their call."""
+    (a turn that crashed mid-way) and results without their call; a message stored between
+    a call and its results goes after the group."""
     if not _has_tool_messages(history):  # most histories: nothing to check
         return list(history)
     return _sendable_checked(history)
 
 
 def _sendable_checked(history: Sequence[Message]) -> list[Message]:
-    """`sendable` without its shortcut: every call and result checked."""
-    answered = {m.tool_call_id for m in history if m.role == "tool"}
-    called: set[str] = set()
-    out: list[Message] = []
-    for m in history:
+    """`sendable` without its shortcut: every call and result checked.
+
+    A result answers the latest earlier call with its id that is still open (as the
+    compression groups them). A message stored between a call and its results (a member
+    spoke while the tool ran) is sent after the group, as R-RUN-2 places it for the
+    summariser: providers refuse anything between the calls and their results.
+    """
+    results: dict[int, list[Message]] = {}
+    wanted: dict[int, set[str]] = {}
+    open_calls: dict[str, int] = {}
+    for i, m in enumerate(history):
         if m.role == "assistant" and m.tool_calls:
-            if all(c.id in answered for c in m.tool_calls):
-                called.update(c.id for c in m.tool_calls)
-                out.append(m)
+            results[i], wanted[i] = [], {c.id for c in m.tool_calls}
+            open_calls.update((c.id, i) for c in m.tool_calls)
+        elif m.role == "tool" and m.tool_call_id is not None and m.tool_call_id in open_calls:
+            head = open_calls.pop(m.tool_call_id)
+            results[head].append(m)
+            wanted[head].discard(m.tool_call_id)
+    out: list[Message] = []
+    for i, m in enumerate(history):
+        if m.role == "assistant" and m.tool_calls:
+            if not wanted[i]:
+                out += [m, *results[i]]  # the group whole, at its call's place
             elif m.content:
                 # No id: the copy is not the stored message (estimates are cached by id). A
                 # refused one stays its placeholder (its words were what the review refused).
@@ -171,10 +186,7 @@ def _sendable_checked(history: Sequence[Message]) -> list[Message]:
                         role="assistant", content=m.content, ts=m.ts, withdrawn=m.withdrawn, metadata=refused
                     )
                 )
-        elif m.role == "tool":
-            if m.tool_call_id in called:
-                out.append(m)
-        else:
+        elif m.role != "tool":  # a result went out with its whole group, or not at all
             out.append(m)
     return out
 
