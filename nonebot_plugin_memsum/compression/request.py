@@ -182,10 +182,6 @@ def split_text(text: str, fits: Callable[[str], bool], size_chars: int) -> list[
     return pieces
 
 
-def _joined_len(parts: Sequence[Part]) -> int:
-    return sum(len(p.text) for p in parts) + len(SEPARATOR) * max(len(parts) - 1, 0)
-
-
 @dataclass(frozen=True, slots=True)
 class ChunkPlan:
     """Where a run stands between requests: what is still to send, what the last reply kept."""
