@@ -27,7 +27,7 @@ from nonebot_plugin_memsum.agent.events import (
     UsageEvent,
 )
 from nonebot_plugin_memsum.agent.prompt import Prompt
-from nonebot_plugin_memsum.agent.tools import ToolContext, ToolFn
+from nonebot_plugin_memsum.agent.tools import TodoItem, TodoProvider, ToolContext, ToolFn
 from nonebot_plugin_memsum.agent.turn import Entry, ReplyFn
 from nonebot_plugin_memsum.compression.service import CompressionResult, SessionStatus
 from nonebot_plugin_memsum.errors import (
@@ -59,6 +59,8 @@ __all__ = [
     "SessionRecord",
     "SessionStatus",
     "StoreError",
+    "TodoItem",
+    "TodoProvider",
     "ToolCall",
     "ToolContext",
     "ToolFn",
@@ -79,8 +81,10 @@ __all__ = [
     "record",
     "run_turn",
     "search",
+    "set_todo_provider",
     "status",
     "subscribe",
+    "todos",
     "tool",
 ]
 
@@ -179,6 +183,21 @@ def tool(
     it; `replace=True` replaces that tool on purpose. A name the model APIs refuse (anything
     but 1 to 64 of a-z, A-Z, 0-9, `_` and `-`: no Chinese, spaces or dots) raises BadToolName."""
     return runtime.get().tools.tool(name, description, parameters, replace=replace)
+
+
+def set_todo_provider(provider: TodoProvider | None) -> None:
+    """Use another plugin's todo list (the specification's todoList service) in place of the
+    built-in one: the work template's 「当前任务列表状态」 is its `items(session_id)` at the moment
+    of each compression (R-RUN-4), and the built-in `todo_write` tool writes through its
+    `replace(session_id, items)`. None: no todo list (the summary input carries none and the
+    tool is not offered). A `todo_write` tool another plugin registered itself stays."""
+    runtime.get().use_todos(provider)
+
+
+async def todos(session_id: str) -> list[TodoItem]:
+    """The session's todo items in the list in use (empty when there is no todo list)."""
+    provider = runtime.get().compression.todos
+    return [] if provider is None else list(await provider.items(session_id))
 
 
 def subscribe(event_type: type[E], handler: Callable[[E], Awaitable[None] | None]) -> Callable[[], None]:

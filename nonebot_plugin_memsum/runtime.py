@@ -18,7 +18,7 @@ from nonebot.log import logger
 
 from .agent.events import EventBus
 from .agent.recall import register_recall_tool
-from .agent.tools import StoreTodoProvider, ToolRegistry, register_todo_tool
+from .agent.tools import TODO_TOOL, StoreTodoProvider, TodoProvider, ToolRegistry, register_todo_tool
 from .agent.turn import Agent
 from .compression.service import CompressionService
 from .config import Config
@@ -42,6 +42,7 @@ class Runtime:
     settings: Settings
     tools: ToolRegistry
     todos: StoreTodoProvider
+    """The built-in todo list (in the store); `use_todos` puts another plugin's in its place."""
     agent: Agent
     compression: CompressionService
     controls: Controls
@@ -50,6 +51,18 @@ class Runtime:
     """Names, arrival tickets and recording locks of the OneBot layer, bounded."""
     indexing: asyncio.Task[None] | None = None
     """Keeps the search index in step with the messages (store/search.py)."""
+
+    def use_todos(self, provider: TodoProvider | None) -> None:
+        """The todo list the work template reads (R-RUN-4, the spec's todoList) and the built-in
+        `todo_write` tool writes: another plugin's, or none (then the summary input carries no
+        task list and the tool is not offered). A `todo_write` of another plugin stays as it is."""
+        self.compression.todos = provider
+        if not self.tools.is_builtin_or_free(TODO_TOOL):
+            return
+        if provider is None:
+            self.tools.drop(TODO_TOOL)
+        else:
+            register_todo_tool(self.tools, provider, replace=True)
 
 
 _current: Runtime | None = None

@@ -28,6 +28,7 @@ from tests.fakes.service import (
     Env,
     Make,
     system_of,
+    user_of,
 )
 
 WORK_REPLY = Reply(f"【保留原文】无\n{WORK_SUMMARY}")
@@ -156,3 +157,110 @@ async def test_r_trig_1_each_call_of_a_tool_turn_is_a_snapshot_then_a_usage_with
     assert [u.turn_id for u in usages] == [None, started.turn_id, None, started.turn_id]
     for u in usages:
         assert (u.session_id, u.platform, u.platform_type) == (session.id, "onebot", "group")
+
+
+# ---- R-RUN-4 / DESIGN "todoList | a todo provider interface": another plugin's todo list -------
+class PluginTodos:
+    """Another plugin's todo list (its own storage), as the spec's todoList service: the work
+    template's 「未完成的事」 follows its items at the moment of the compression."""
+
+    def __init__(self, **items: list[api.TodoItem]) -> None:
+        self.items_of: dict[str, list[api.TodoItem]] = dict(items)
+        self.written: list[tuple[str, list[api.TodoItem]]] = []
+
+    async def items(self, session_id: str) -> list[api.TodoItem]:
+        return list(self.items_of.get(session_id, []))
+
+    async def replace(self, session_id: str, items: list[api.TodoItem]) -> None:
+        self.written.append((session_id, list(items)))
+        self.items_of[session_id] = list(items)
+
+
+def tool_names(body: dict[str, Any]) -> list[str]:
+    return [t["function"]["name"] for t in body.get("tools", [])]
+
+
+async def test_r_run_4_a_todo_list_another_plugin_provides_is_the_work_templates_task_state(
+    make: Make, on_env: Any
+) -> None:
+    env = on_env(await make())
+    session = await api.internal_session("sd:todos")
+    todos = PluginTodos(
+        **{session.id: [api.TodoItem("写周报", "in_progress"), api.TodoItem("发邮件", "pending")]}
+    )
+    api.set_todo_provider(todos)
+    assert await api.todos(session.id) == [
+        api.TodoItem("写周报", "in_progress"),
+        api.TodoItem("发邮件", "pending"),
+    ]
+    request = await summarise(env, session, WORK_REPLY)
+    assert user_of(request).endswith("当前任务列表状态\n- [in_progress] 写周报\n- [pending] 发邮件")
+    # The list as it is at the next compression, not as it was: 「此刻的待办」.
+    todos.items_of[session.id] = [api.TodoItem("写周报", "done")]
+    request = await summarise(env, session, WORK_REPLY)
+    assert user_of(request).endswith("当前任务列表状态\n- [done] 写周报")
+    # A chat session's summary carries no task list, whatever the provider holds.
+    room = api.SessionRecord(
+        id="sd:room", platform="onebot", kind="group", place="group:9", room_class="room"
+    )
+    todos.items_of[room.id] = [api.TodoItem("别出现", "pending")]
+    assert "当前任务列表状态" not in user_of(await summarise(env, room, CHAT_REPLY))
+
+
+async def test_r_run_4_the_built_in_todo_tool_writes_to_the_list_another_plugin_provides(
+    make: Make, on_env: Any
+) -> None:
+    env = on_env(await make())
+    session = await api.internal_session("sd:todo-tool")
+    todos = PluginTodos()
+    api.set_todo_provider(todos)
+    await api.record(session, api.Message(role="user", content="记一下：周六买票"))
+    items = {"items": [{"title": "周六买票", "status": "pending"}]}
+    env.model.chat.append(Reply("", tool_calls=[tool_call("c1", "todo_write", items)]))
+    env.model.chat.append(Reply("记下了"))
+    assert await api.run_turn(session.id) == "replied"
+    assert todos.written == [(session.id, [api.TodoItem("周六买票", "pending")])]
+    assert await api.todos(session.id) == [api.TodoItem("周六买票", "pending")]
+    assert await env.rt.todos.items(session.id) == []  # the built-in list was not written
+
+
+async def test_r_run_4_without_a_todo_list_the_summary_has_no_task_state_and_no_todo_tool_is_offered(
+    make: Make, on_env: Any
+) -> None:
+    # 「待办插件不在或没有待办时不写」: a plugin that takes the todo list away (None) leaves the
+    # work template without one, and the model is no longer offered a tool writing nowhere.
+    env = on_env(await make())
+    session = await api.internal_session("sd:no-todos")
+    await env.rt.todos.replace(session.id, [api.TodoItem("旧的待办", "pending")])
+    api.set_todo_provider(None)
+    assert await api.todos(session.id) == []
+    assert "当前任务列表状态" not in user_of(await summarise(env, session, WORK_REPLY))
+    await api.record(session, api.Message(role="user", content="在吗"))
+    assert await api.run_turn(session.id) == "replied"
+    assert "todo_write" not in tool_names(env.model.chat_requests()[-1])
+    assert "recall" in tool_names(env.model.chat_requests()[-1])
+    # A list given again brings the tool back.
+    api.set_todo_provider(PluginTodos())
+    await api.record(session, api.Message(role="user", content="还在吗"))
+    assert await api.run_turn(session.id) == "replied"
+    assert "todo_write" in tool_names(env.model.chat_requests()[-1])
+
+
+async def test_r_run_4_a_todo_write_tool_another_plugin_put_in_place_is_left_alone(
+    make: Make, on_env: Any
+) -> None:
+    env = on_env(await make())
+
+    @api.tool("todo_write", "另一个插件自己的待办工具", {"type": "object", "properties": {}}, replace=True)
+    def own_todo_write(ctx: api.ToolContext, args: dict[str, Any]) -> str:
+        return "另一个插件记下了"
+
+    api.set_todo_provider(PluginTodos())
+    api.set_todo_provider(None)
+    session = await api.internal_session("sd:own-tool")
+    await api.record(session, api.Message(role="user", content="记一下"))
+    env.model.chat.append(Reply("", tool_calls=[tool_call("c1", "todo_write", {})]))
+    env.model.chat.append(Reply("好"))
+    assert await api.run_turn(session.id) == "replied"
+    results = [m for m in await api.history(session.id) if m.role == "tool"]
+    assert [m.content for m in results] == ["另一个插件记下了"]

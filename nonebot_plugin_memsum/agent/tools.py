@@ -19,6 +19,7 @@ from nonebot_plugin_memsum.errors import BadToolName, ToolNameTaken
 from nonebot_plugin_memsum.store import Store
 
 TODO_NAMESPACE = "todo"
+TODO_TOOL = "todo_write"
 TODO_STATUSES = ("pending", "in_progress", "done")
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 """The names OpenAI's API takes (`function.name`); compatible servers check the same."""
@@ -86,6 +87,15 @@ class ToolRegistry:
 
         return register
 
+    def is_builtin_or_free(self, name: str) -> bool:
+        """Whether `name` is one of the plugin's own tools, or no tool's: not another plugin's."""
+        return name not in self._tools or name in self._builtin
+
+    def drop(self, name: str) -> None:
+        """Stop offering a tool (nothing when there is none by that name)."""
+        self._tools.pop(name, None)
+        self._builtin.discard(name)
+
     def schemas(self) -> list[dict[str, Any]]:
         return [t.schema() for t in self._tools.values()]
 
@@ -137,11 +147,11 @@ class StoreTodoProvider:
         )
 
 
-def register_todo_tool(registry: ToolRegistry, provider: TodoProvider) -> None:
+def register_todo_tool(registry: ToolRegistry, provider: TodoProvider, *, replace: bool = False) -> None:
     """The built-in `todo_write` tool: the model rewrites the whole list each time."""
 
     @registry.tool(
-        "todo_write",
+        TODO_TOOL,
         "整体替换本会话的待办列表，用来跟踪多步骤任务的进度。",
         {
             "type": "object",
@@ -160,6 +170,7 @@ def register_todo_tool(registry: ToolRegistry, provider: TodoProvider) -> None:
             },
             "required": ["items"],
         },
+        replace=replace,
         builtin=True,
     )
     async def todo_write(ctx: ToolContext, args: dict[str, Any]) -> str:
