@@ -219,7 +219,8 @@ async def compress_at(
 ) -> float | None:
     """The session's automatic compression line in force (a fraction of the window), None
     when it is 0 (R-CFG-4). `platform` / `platform_type`: the platform a session without a
-    birth platform came in through, which picks its tiers (R-CFG-2)."""
+    birth platform came in through, which picks its tiers (R-CFG-2); `"onebot.group"` alone,
+    the type tier's name in MEMSUM_TIERS, names both."""
     return await runtime.get().compression.compress_at(session_id, platform, platform_type)
 
 

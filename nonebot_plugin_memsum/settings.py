@@ -64,9 +64,13 @@ class Resolved:
 def tier_keys(
     record: SessionRecord | None, entry_platform: str | None, entry_type: str | None
 ) -> tuple[str, str]:
-    """The tier names of a session: its birth platform, else the one it entered through."""
+    """The tier names of a session: its birth platform, else the one it entered through. An
+    entry given by its type tier's name alone (`onebot.group`, as MEMSUM_TIERS names it) is
+    that platform and type."""
     if record is not None and record.platform:
         platform, kind = record.platform, record.kind
+    elif entry_type is None and entry_platform and "." in entry_platform:
+        platform, kind = entry_platform.split(".", 1)
     else:
         platform, kind = entry_platform or "", entry_type or ""
     return platform, f"{platform}.{kind}"

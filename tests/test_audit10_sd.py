@@ -264,3 +264,28 @@ async def test_r_run_4_a_todo_write_tool_another_plugin_put_in_place_is_left_alo
     assert await api.run_turn(session.id) == "replied"
     results = [m for m in await api.history(session.id) if m.role == "tool"]
     assert [m.content for m in results] == ["另一个插件记下了"]
+
+
+# ---- R-CFG-4 / R-CFG-2: compress_at(session, platform) with the tier named as MEMSUM_TIERS names it
+async def test_r_cfg_4_compress_at_takes_the_platform_type_tier_written_as_its_tier_name(
+    make: Make, on_env: Any
+) -> None:
+    # The service is `compress_at(session, platform)`; R-CFG-2 calls the type tier `onebot.group`,
+    # and so does MEMSUM_TIERS. A platformless session asked about with "onebot.group" is
+    # answered from that tier (here 0: None), not from the global value.
+    env = on_env(
+        await make(memsum_tiers={"onebot": {"compress_at": 0.6}, "onebot.group": {"compress_at": 0}})
+    )
+    session = await api.internal_session("sd:platformless")
+    assert await api.compress_at(session.id, "onebot", "group") is None
+    assert await api.compress_at(session.id, "onebot.group") is None
+    assert await api.compress_at(session.id, "onebot.private") == 0.6
+    assert await api.compress_at(session.id, "onebot") == 0.6
+    assert await api.compress_at(session.id) == 0.8
+    # The same name as the entry of a turn: its usage event carries the line of that tier.
+    seen: list[api.UsageEvent] = []
+    api.subscribe(api.UsageEvent, seen.append)
+    await api.record(session, api.Message(role="user", content="在吗"))
+    assert await api.run_turn(session.id, entry=api.Entry("onebot.group")) == "replied"
+    assert {(u.platform, u.platform_type, u.line) for u in seen} == {("onebot", "group", None)}
+    assert env.rt is runtime.get()

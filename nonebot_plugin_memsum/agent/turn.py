@@ -89,10 +89,18 @@ _ECHOED_LABEL = re.compile(r"^\s*\[[^\[\]\n]{0,64}\(\d+\)\]\s*")
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """The platform a turn came in through (tiers of sessions without one use it)."""
+    """The platform a turn came in through (tiers of sessions without one use it). Given by its
+    type tier's name alone (`Entry("onebot.group")`, as MEMSUM_TIERS names it), it is that
+    platform and type."""
 
     platform: str | None = None
     platform_type: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.platform_type is None and self.platform and "." in self.platform:
+            platform, platform_type = self.platform.split(".", 1)
+            object.__setattr__(self, "platform", platform)
+            object.__setattr__(self, "platform_type", platform_type)
 
 
 @dataclass(slots=True)
