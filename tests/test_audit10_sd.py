@@ -11,6 +11,7 @@ pointed at that runtime as the plugin's own would be."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from typing import Any
 
@@ -289,3 +290,32 @@ async def test_r_cfg_4_compress_at_takes_the_platform_type_tier_written_as_its_t
     assert await api.run_turn(session.id, entry=api.Entry("onebot.group")) == "replied"
     assert {(u.platform, u.platform_type, u.line) for u in seen} == {("onebot", "group", None)}
     assert env.rt is runtime.get()
+
+
+# ---- R-MEM-3 / R-PROG-3 through the API: 「清理发生在压缩途中（模型尚未返回）时，这次压缩作废」
+async def test_r_mem_3_api_clear_while_api_compress_waits_on_the_model_cancels_it_with_the_reason(
+    make: Make, on_env: Any
+) -> None:
+    env = on_env(await make())
+    session = await api.internal_session("sd:clear-mid-run")
+    for i in range(3):
+        await api.record(session, api.Message(role="user", content=f"第{i}件事"))
+    seen: list[api.CompressionProgress] = []
+    api.subscribe(api.CompressionProgress, seen.append)
+    gate = env.model.hold_summary(WORK_REPLY)
+    run = asyncio.create_task(api.compress(session.id))
+    await gate.reached()
+    with pytest.raises(api.CompressionError) as busy:  # R-PROG-3: one run per session
+        await api.compress(session.id)
+    assert busy.value.reason == "这个会话正在压缩"
+    assert (await api.status(session.id)).running
+    await api.clear(session.id, "summary")
+    gate.open()
+    with pytest.raises(api.CompressionError) as cancelled:
+        await run
+    assert cancelled.value.reason == "压缩期间会话被清空"
+    assert [(p.phase, p.reason) for p in seen] == [("start", None), ("error", "压缩期间会话被清空")]
+    status = await api.status(session.id)
+    assert (status.summary, status.running, status.backoff_failures) == (None, False, 0)
+    # Only the summary was cleared: the history stays whole, without a divider.
+    assert [m.content for m in await api.history(session.id)] == ["第0件事", "第1件事", "第2件事"]
