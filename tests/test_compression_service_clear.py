@@ -274,3 +274,79 @@ async def test_compress_from_inside_the_sessions_own_turn_refuses_and_clear_stil
     assert await rt.store.get_history(GROUP.id) == []
     await seed(rt, 3, start=10)
     assert (await asyncio.wait_for(rt.compression.compress(GROUP.id), 20)).outcome == "done"
+
+
+# ---- R-MEM-2: a context clear from outside a running turn --------------------------------------------
+async def _held_tool_turn(env: Env) -> tuple[asyncio.Task[Any], asyncio.Event, list[str]]:
+    """A turn whose model calls a slow tool; the tool waits until the returned event is set."""
+    rt, model = env.rt, env.model
+    await seed(rt, 2)
+    running, release = asyncio.Event(), asyncio.Event()
+
+    @rt.tools.tool("slow_lookup", "查资料", {"type": "object", "properties": {}})
+    async def slow_lookup(ctx: ToolContext, args: dict[str, Any]) -> str:
+        running.set()
+        await release.wait()
+        return "查到了"
+
+    call = [{"id": "c1", "name": "slow_lookup", "arguments": "{}"}]
+    model.chat.extend(
+        [
+            Reply("", tool_calls=call, finish_reason="tool_calls", usage=usage(100)),
+            Reply("查到了：答案", usage=usage(100)),
+        ]
+    )
+    sent: list[str] = []
+
+    async def reply(text: str) -> None:
+        sent.append(text)
+
+    turn = asyncio.create_task(rt.agent.run_turn(GROUP.id, reply, entry=IN_GROUP))
+    await asyncio.wait_for(running.wait(), 10)
+    return turn, release, sent
+
+
+async def test_r_mem_2_a_context_clear_while_the_bots_tool_runs_gets_no_answer_to_nothing(env: Env) -> None:
+    """The owner sends /清除 上下文 while the bot's tool runs: the question is gone, so the turn
+    makes no further model call and sends nothing into the freshly cleared chat."""
+    rt, model = env.rt, env.model
+    turn, release, sent = await _held_tool_turn(env)
+    await rt.compression.clear(GROUP.id, "context")
+    release.set()
+    assert await asyncio.wait_for(turn, 10) == "silent"
+    assert sent == []
+    assert len(model.chat_requests()) == 1  # only the call that asked for the tool
+    assert [m for m in await rt.store.get_history(GROUP.id) if m.role == "assistant" and m.content] == []
+    # the next question is answered as usual
+    model.chat.append(Reply("新的回答", usage=usage(100)))
+    await seed(rt, 1, start=10)
+    assert await rt.agent.run_turn(GROUP.id, entry=IN_GROUP) == "replied"
+
+
+async def test_r_mem_2_a_context_clear_while_the_model_answers_sends_no_answer(env: Env) -> None:
+    rt, model = env.rt, env.model
+    await seed(rt, 2)
+    gate = model.gate(Reply("迟到的回答", usage=usage(100)))
+    model.chat.append(gate)
+    sent: list[str] = []
+
+    async def reply(text: str) -> None:
+        sent.append(text)
+
+    turn = asyncio.create_task(rt.agent.run_turn(GROUP.id, reply, entry=IN_GROUP))
+    await gate.reached()
+    await rt.compression.clear(GROUP.id, "context")
+    gate.open()
+    assert await asyncio.wait_for(turn, 10) == "silent"
+    assert sent == []
+    assert await rt.store.get_history(GROUP.id) == []
+
+
+async def test_r_mem_2_a_summary_clear_while_the_bots_tool_runs_still_answers(env: Env) -> None:
+    """Only the context's clear takes the question away: after /清除 摘要 the history is there."""
+    rt = env.rt
+    turn, release, sent = await _held_tool_turn(env)
+    await rt.compression.clear(GROUP.id, "summary")
+    release.set()
+    assert await asyncio.wait_for(turn, 10) == "replied"
+    assert sent == ["查到了：答案"]

@@ -146,6 +146,8 @@ class Agent:
     _make_room: MakeRoom | None = None
     """The compression's way to avoid a hard trim (issue 9); see `on_trim`."""
     _turn_tasks: dict[str, asyncio.Task[Any] | None] = field(default_factory=dict)
+    _cleared: set[str] = field(default_factory=set)
+    """Sessions whose context was cleared from outside their running turn (`context_cleared`)."""
     _tools_cost: tuple[list[dict[str, Any]], int] = ([], 0)
     """The latest tool schemas offered and their `tools_tokens` (see `_tools_tokens`)."""
     _fitted: LRU[tuple[str, str, str], str] = field(default_factory=LRU)
@@ -179,6 +181,13 @@ class Agent:
     def is_turn_task(self, session_id: str) -> bool:
         """Whether the caller runs inside this session's turn (a tool, a contribution)."""
         return self._turn_tasks.get(session_id) is asyncio.current_task()
+
+    def context_cleared(self, session_id: str) -> None:
+        """The session's context was cleared (R-MEM-2). A turn of it running now, unless the
+        clear came from inside it (its own tool), sends nothing more: no next call after its
+        tools, no answer, no error reply; what it was asked is no longer in the context."""
+        if self._turn_tasks.get(session_id) not in (None, asyncio.current_task()):
+            self._cleared.add(session_id)
 
     async def record(self, session: SessionRecord, msg: Message) -> Message:
         """Store one message of a session (creating the session record on first use)."""
@@ -383,6 +392,7 @@ class Agent:
             if only_new and not await self._has_new(session_id):
                 return "silent"
             self._turn_tasks[session_id] = asyncio.current_task()
+            self._cleared.discard(session_id)
             started = time.perf_counter()
             stats = _TurnStats()
             await self.bus.emit(TurnStarted(turn_id, session_id))
@@ -402,7 +412,7 @@ class Agent:
             except Exception:
                 logger.exception(f"memsum: turn of {session_id} failed")
             finally:
-                if outcome == "error" and reply is not None:
+                if outcome == "error" and reply is not None and session_id not in self._cleared:
                     # The error reply answers nothing when every question was withdrawn (撤回)
                     # meanwhile (a refused one, say, while its search ran): nothing goes out.
                     if not (requested and await self._questions_withdrawn(session_id, stats.read)):
@@ -417,6 +427,7 @@ class Agent:
                 )
                 await self.bus.emit(TurnEnded(turn_id, session_id, outcome))
                 self._turn_tasks.pop(session_id, None)
+                self._cleared.discard(session_id)
         return outcome
 
     async def _has_new(self, session_id: str) -> bool:
@@ -580,8 +591,12 @@ class Agent:
                 )
                 for call in result.tool_calls:
                     await self._run_tool(ctx, call)
+                if session_id in self._cleared:
+                    return "silent"  # cleared while its tools ran: the question is gone
                 continue
             text = _ECHOED_LABEL.sub("", result.content.strip())
+            if session_id in self._cleared:
+                return "silent"  # cleared while the model answered: nothing to answer now
             withdrawn = requested and await self._questions_withdrawn(session_id, stats.read)
             if not text or text == SILENT_MARK or withdrawn:
                 said = WITHDRAWN_RECORD if withdrawn else SILENT_RECORD

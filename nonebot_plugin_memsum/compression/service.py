@@ -367,6 +367,7 @@ class CompressionService:
         self._latest_turn_usage.pop(session_id, None)
         if kind == "context":
             self._latest_usage.pop(session_id, None)
+            self.agent.context_cleared(session_id)
 
     async def _clear_store(self, session_id: str, kind: Literal["context", "summary"]) -> None:
         """The clear in the store, in one commit with what it forgets: the back-off (R-BACK-4)
