@@ -253,11 +253,13 @@ async def _mode(call: _Call) -> str:
     words = call.args
     if len(words) > 1 or (words and words[0] not in (*_WORD_MODES, "默认")):
         return "用法：/记忆模式 [开|仅记录|关|默认]"
+    before = (await rt.settings.of_place("mode", call.record)).value
     if words == ("默认",):
         await rt.settings.reset("mode", scope, key)
     elif words:
         await rt.settings.set("mode", scope, key, _WORD_MODES[words[0]])
     resolved = await rt.settings.of_place("mode", call.record)
+    await rt.controls.switched(call.record, before, resolved.value)
     now = mode_text(resolved, where)
     if not words:
         return now

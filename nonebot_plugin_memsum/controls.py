@@ -22,7 +22,7 @@ from typing import Literal, cast
 
 from . import clock
 from .config import Config, Mode
-from .settings import Settings
+from .settings import Settings, place_scope
 from .store import Store
 from .types import SessionRecord
 from .usage import day_of, day_start, usage_place, zone_of
@@ -56,6 +56,15 @@ def decide(*, used_today: int, cap: int, notified_today: bool, cooled: bool) -> 
 
 
 # ---- I/O ------------------------------------------------------------------------------
+RECORDED_SINCE = "recorded_since"
+"""Metadata namespace: place → when it was last switched on from 关 (`Controls.switched`)."""
+
+
+def _place_of(record: SessionRecord) -> str:
+    scope, key = place_scope(record)
+    return f"{scope}:{key}"
+
+
 class Controls:
     """Mode, cap and cooldown of chat places, read from and written to the store."""
 
@@ -74,6 +83,16 @@ class Controls:
 
     async def mode(self, record: SessionRecord) -> Mode:
         return cast(Mode, (await self._settings.of_place("mode", record)).value)
+
+    async def switched(self, record: SessionRecord, before: object, after: object) -> None:
+        """The place's mode changed (/记忆模式, the web page). Switched on from 关, it notes
+        when: what the place said before, while 关, is never the backfill's to store."""
+        if before == "off" and after != "off":
+            await self._store.put_meta(RECORDED_SINCE, _place_of(record), clock.now())
+
+    async def recorded_since(self, record: SessionRecord) -> float:
+        """When the place was last switched on from 关 (0: never)."""
+        return float(await self._store.get_meta(RECORDED_SINCE, _place_of(record)) or 0)
 
     def last_mode(self, record: SessionRecord) -> Mode | None:
         """The place's mode as last read, when the database cannot be reached now."""

@@ -648,6 +648,44 @@ async def test_an_at_of_the_bot_in_the_middle_of_a_message_asks_it_live_as_after
                 await sim.close()
 
 
+async def test_what_a_place_said_while_off_is_not_backfilled_after_it_is_switched_on_and_a_reconnect(
+    tmp_path: Path, llm: ScriptedLLM
+) -> None:
+    # Seed 4: a group set to 关, then to 仅记录; NapCat reconnected, and the backfill stored
+    # what the group said while it was 关 (everything since the last stored message).
+    group = 91102
+    sid = group_sid(group)
+    with responding(llm):
+        async with BotProcess(tmp_path / "bot", env=env(llm), log_level="INFO") as bot:
+            sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+            await sim.connect()
+            await wait_log(bot, f"Bot {SELF_ID} connected")
+            try:
+                await sim.group_message(group, 20001, "开着的时候说的", nickname="甲")
+                await until(lambda: _count(bot, sid, 1), "the first message")
+                for mode in ("关", "仅记录"):
+                    mark = len(sim.calls)
+                    await sim.group_message(group, OWNER, f"/记忆模式 {mode}", nickname="主人")
+                    await sim.wait_call(set(SEND_ACTIONS), after=mark)
+                    if mode == "关":
+                        await sim.group_message(group, 20001, "关着的时候说的", nickname="甲")
+                        await asyncio.sleep(1.1)  # platform times are whole seconds
+                await sim.group_message(group, 20002, "仅记录时说的", nickname="乙")
+                await until(lambda: _count(bot, sid, 2), "the message said once recorded")
+                await sim.close()
+                await sim.group_message(group, 20002, "断开时说的", nickname="乙")
+                seen = bot.log().count("memsum: backfill of")
+                await sim.connect()
+                await until(lambda: _true(bot.log().count("memsum: backfill of") > seen), "the backfill")
+                assert [c for _, c in await _rows(bot, sid)] == [
+                    "[甲(20001)] 开着的时候说的",
+                    "[乙(20002)] 仅记录时说的",
+                    "[乙(20002)] 断开时说的",
+                ]
+            finally:
+                await sim.close()
+
+
 async def _rows(bot: BotProcess, sid: str) -> list[tuple[str, str]]:
     found = await query(
         bot.db_path, "SELECT role, content FROM messages WHERE session_id = ? ORDER BY id", sid

@@ -355,6 +355,10 @@ async def _backfill(bot: Bot, account: Account, sid: str, last: float, *, questi
     raw = data.get("messages") if isinstance(data, Mapping) else None
     payloads = [p for r in raw or [] if (p := as_event_payload(r, kind, bot.self_id, target)) is not None]
     recent = newest_after(payloads, last, count)
+    # Said before the place was last switched on from 关: not recorded then, nor now. Platform
+    # times are whole seconds: one of the switch's own second may have come after it, and stays.
+    if since := int(await runtime.get().controls.recorded_since(record)):
+        recent = [p for p in recent if not 0 < _time(p) < since]
     # Those the session holds already (said just before its last stored one) skipped in one
     # trip: at a thousand groups they are most of what is fetched.
     said = {str(p["message_id"]): _time(p) or clock.now() for p in recent}  # as record_message dates it

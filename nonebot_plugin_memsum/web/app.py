@@ -333,6 +333,7 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
         key = sid if body.scope == "session" else (views.place_key(record) if record else None)
         if key is None:
             raise HTTPException(400, "这个会话没有群设置")
+        before = (await rt.settings.of_place("mode", record)).value if record is not None else None
         if body.value is None:
             await rt.settings.reset(name, body.scope, key)
         else:
@@ -350,6 +351,8 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
             sid, **({"entry_platform": record.platform, "entry_type": record.kind} if record else {})
         )
         value = resolved[name].value
+        if name == "mode" and record is not None:
+            await rt.controls.switched(record, before, value)  # noted when switched on from 关
         if name == "mode" and value != "off" and record is not None:
             # A place switched on is judged once, as /记忆模式 does (commands.py).
             await rt.compression.judge_recorded(sid, Entry(record.platform, record.kind))
