@@ -602,6 +602,14 @@ async def drive(tmp_path: Path, llm: ScriptedLLM, seed: int, events: int) -> Dri
     return d
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+async def test_seeded_interleaving_keeps_every_invariant(tmp_path: Path, llm: ScriptedLLM, seed: int) -> None:
+    d = await drive(tmp_path, llm, seed, 120)
+    # The run did what it is for: a restart, answers (compressions in most seeds).
+    assert d.killed
+    assert d.answers > 0
+
+
 # ---- what the seeds found, shrunk -----------------------------------------------------------
 async def test_an_at_of_the_bot_in_the_middle_of_a_message_asks_it_live_as_after_a_backfill(
     tmp_path: Path, llm: ScriptedLLM
