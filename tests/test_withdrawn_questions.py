@@ -204,3 +204,46 @@ def asking(content: str, platform_id: str) -> Message:
     return Message(
         role="user", content=content, name=name, platform_id=platform_id, addressed=True, ts=1000.0
     )
+
+
+def _quoted(sim: OneBotSim, after: int) -> list[str | None]:
+    """The message id each answer sent after `after` quotes (None: no quote)."""
+    quotes: list[str | None] = []
+    for c in sim.calls[after:]:
+        if c.action in SEND_ACTIONS:
+            segs = as_segments(c.params.get("message") or [])
+            quotes.append(next((str(s["data"]["id"]) for s in segs if s["type"] == "reply"), None))
+    return quotes
+
+
+async def test_an_answer_does_not_quote_a_question_withdrawn_while_it_waited(
+    env: tuple[BotProcess, OneBotSim, ScriptedLLM],
+) -> None:
+    """The bot is busy answering 小林; 小周 asks, then 小王 asks and withdraws. The queued turn
+    answers 小周's question, and its answer does not quote 小王's withdrawn message (in QQ a
+    quote of a withdrawn message shows an empty box above an answer to someone else)."""
+    bot, sim, llm = env
+    llm.reset()
+    group = 98103
+    sid = group_sid(group)
+    mark = len(sim.calls)
+    llm.push(Reply("周六见"), Reply("快递今天到"))
+    with llm.gate() as gate:  # holds the first request; the queue answers
+        first = await sim.group_message(group, 20001, [at(SELF_ID), text(" 周六去吗")], nickname="小林")
+        await gate.reached()
+        await sim.group_message(group, 20002, [at(SELF_ID), text(" 我的快递到了吗")], nickname="小周")
+        withdrawn = await sim.group_message(group, 20003, [at(SELF_ID), text(" 打错了")], nickname="小王")
+        await rows(bot, sid, 3)
+        await sim.notice(
+            "group_recall", group_id=group, user_id=20003, operator_id=20003, message_id=withdrawn
+        )
+        await rows(bot, sid, 4)
+    await until(lambda: _answers(sim, mark, 2), "both answers sent")
+    assert sends(sim, mark) == ["周六见", "快递今天到"]
+    quotes = _quoted(sim, mark)
+    assert quotes[0] == str(first)
+    assert quotes[1] != str(withdrawn)
+
+
+async def _answers(sim: OneBotSim, mark: int, n: int) -> bool:
+    return len(sends(sim, mark)) >= n

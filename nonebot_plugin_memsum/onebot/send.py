@@ -25,15 +25,21 @@ NOT_SENT = (ApiNotAvailable, WebSocketClosed)
 
 
 def replier(bot: Bot, event: MessageEvent) -> ReplyFn:
-    """How a turn answers this event: in a group, quoting it."""
+    """How a turn answers this event: in a group, quoting it, unless it was withdrawn (撤回)
+    meanwhile (the turn answers the others it read: a quote of a withdrawn one shows nothing)."""
 
     async def send(text: str) -> None:
-        sent = await send_reply(bot, event, text, quote=isinstance(event, GroupMessageEvent))
+        sid = record_of(bot, event)[0].id
+        quote = (
+            isinstance(event, GroupMessageEvent)
+            and (sid, str(event.message_id)) not in runtime.get().onebot.withdrawn
+        )
+        sent = await send_reply(bot, event, text, quote=quote)
         if sent is not None:
             # A later reply to this answer asks the bot even after the implementation forgot
             # it (record.py `fill_forgotten_quote`).
             try:
-                await runtime.get().store.name_answer(record_of(bot, event)[0].id, text, sent)
+                await runtime.get().store.name_answer(sid, text, sent)
             except StoreError as err:
                 logger.warning(f"memsum: could not note the id of a sent answer: {err}")
 

@@ -256,6 +256,9 @@ class OneBotState:
     refusals: Refusals = field(default_factory=Refusals)
     own_sends: OwnSends = field(default_factory=OwnSends)
     """The plugin's own sends whose echoes are not stored again (`said.py`)."""
+    withdrawn: LRU[tuple[str, str], None] = field(default_factory=lambda: LRU(OWN_IDS_KEPT))
+    """(session, platform message id) of messages withdrawn (撤回) lately: an answer does not
+    quote one (`send.replier`)."""
     sent: LRU[str, list[Any]] = field(default_factory=LRU)
     """Per session, what went out through the Bot that the backfill must not store as the
     account's words (`said._remember_sent`), also while the store refuses to keep it."""
