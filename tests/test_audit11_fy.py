@@ -31,6 +31,7 @@ MEMSUM_USER_COOLDOWN. Invariants checked:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 import re
@@ -175,7 +176,7 @@ class Model:
                 self.slow -= 1
                 delay = self.rng.uniform(1.0, 3.0)
             head = ("小记" if self.rng.random() < 0.3 else "") + f"答{n}："
-            if self.rng.random() < 0.3:  # over MEMSUM_FORWARD_THRESHOLD: a merged forward
+            if n % 3 == 0:  # over MEMSUM_FORWARD_THRESHOLD: a merged forward in a group
                 return Reply(head + "这是一个很长的回答，" * 12, delay=delay)
             return Reply(head + "收到。", delay=delay)
 
@@ -227,9 +228,15 @@ class Driver:
 
     # ---- events ---------------------------------------------------------------------------
     async def step(self, i: int, total: int) -> None:
-        if i == total // 3:
-            return await self.owner_command(G1, "/限额 1500", cap=True)
-        if i == 2 * total // 3:
+        if i == total // 3:  # a cap a turn or two from now
+            used = await query(
+                self.bot.db_path,
+                "SELECT coalesce(sum(tokens_in + tokens_out), 0) FROM ledger WHERE session_id IN (?, ?)",
+                group_sid(G1, A_ID),
+                group_sid(G1, B_ID),
+            )
+            return await self.owner_command(G1, f"/限额 {int(used[0][0]) + 150}", cap=True)
+        if i == 5 * total // 6:
             return await self.owner_command(G1, "/限额 无", cap=False)
         roll = self.rng.random()
         if roll < 0.20:
@@ -317,7 +324,7 @@ class Driver:
             for m in sim.messages.values()
             if m.group_id == G1
             and m.sender.get("user_id") == account
-            and (ANSWER.match(plain_text(m.message).strip()) or m.message[0].get("type") == "node")
+            and (ANSWER.match(plain_text(m.message).strip()) or m.message[0].get("type") == "forward")
         ]
         if not mine:
             await self.member_says(G1, self.words())
@@ -355,12 +362,15 @@ class Driver:
     async def owner_types(self) -> None:
         """The owner types on A's account in another client: NapCat's `message_sent`."""
         group = self.rng.choice((G1, None))
-        words = f"主人手打〔{len(self.typed) + 1}〕{self.words()}"
+        # Typed by a person, it may call the bots by name or @ the other account.
+        head = self.rng.choice(("", "", "小记，", "@小记乙 "))
+        words = f"{head}主人手打〔{len(self.typed) + 1}〕{self.words()}"
         if group is not None:
-            mid = self.a._store(
-                "group", self.a._self_sender(), [text(words)], None, group_id=group
-            ).message_id
-            await self.a.send_event(napcat_message_sent(mid, [text(words)], group_id=group))
+            body = [at(B_ID), text(words[len(head) :])] if head.startswith("@") else [text(words)]
+            mid = self.a._store("group", self.a._self_sender(), body, None, group_id=group).message_id
+            await self.a.send_event(napcat_message_sent(mid, body, group_id=group))
+            # B, in the same group, receives it as the message of a member (A's account).
+            await self.b.group_message(G1, A_ID, body, nickname="小记甲", message_id=mid)
             session: Session = (A_ID, ("group", group))
         else:
             mid = self.a._store(
@@ -368,9 +378,9 @@ class Driver:
             ).message_id
             await self.a.send_event(napcat_message_sent(mid, [text(words)], peer=OWNER))
             session = (A_ID, ("private", OWNER))
-        self.typed.append((session, words))
+        self.typed.append((session, words[len(head) :]))
         self.trace.append(f"typed {mid} {session}")
-        await until(lambda: self._has(session, words), f"{words} stored")
+        await until(lambda: self._has(session, words[len(head) :]), f"{words} stored")
 
     async def _has(self, session: Session, words: str) -> bool:
         found = await query(
@@ -524,6 +534,18 @@ class Driver:
                     assert q is None or q.sender.get("user_id") != other, (
                         f"{where}: answers the other account"
                     )
+            # MEMSUM_USER_COOLDOWN: the questions of one member an account answers in a group
+            # were asked at least the cooldown apart.
+            times: dict[tuple[Place, int], list[float]] = {}
+            for quoted in quotes:
+                if (s := said.get(quoted)) is not None and s.place[0] == "group":
+                    times.setdefault((s.place, s.uid), []).append(s.at)
+            for (place, uid), ats in times.items():
+                ats.sort()
+                gaps = [b - a for a, b in itertools.pairwise(ats)]
+                assert all(g >= COOLDOWN - 0.3 for g in gaps), (
+                    f"seed {self.seed}: {account} answered {uid} in {place} {gaps} s apart"
+                )
             for place, count in per_place.items():
                 asked = [s for s in self.said if s.place == place and account in s.asks]
                 assert count <= len(asked), (
