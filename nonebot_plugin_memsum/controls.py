@@ -104,6 +104,11 @@ class Controls:
         rows = await self._store.usage_rows(usage_place(record), day_start(clock.now(), self._zone))
         return sum(r.tokens_in + r.tokens_out for r in rows)
 
+    async def still_within_cap(self, record: SessionRecord) -> Decision:
+        """The cap's decision alone (no cooldown), for a turn that waited behind another:
+        "answer", or "cap_notice"/"capped" when the place used up its day meanwhile."""
+        return await self.answer(record, "", in_group=False)
+
     async def answer(self, record: SessionRecord, user_id: str, *, in_group: bool) -> Decision:
         """The decision for one message that asks for an answer; remembers what it decided."""
         cap = int((await self._settings.of_place("daily_token_cap", record)).value)

@@ -47,7 +47,7 @@ from nonebot_plugin_memsum.controls import CAP_NOTICE
 from nonebot_plugin_memsum.types import REFUSED_KEY
 from tests.fakes.botproc import BotProcess
 from tests.fakes.e2e import group_sid, private_sid, query, until, wait_log
-from tests.fakes.llm_server import Reply, ScriptedLLM
+from tests.fakes.llm_server import Gate, Reply, ScriptedLLM
 from tests.fakes.onebot import (
     FORWARD_ACTIONS,
     SEND_ACTIONS,
@@ -676,3 +676,68 @@ async def test_seeded_two_accounts_caps_refusals_and_a_slow_model_keep_every_inv
     assert [plain_text(message_of(c)) for c in every].count(CAP_NOTICE) == 1
     assert d.typed
     assert any(t == "slow" for t in d.trace)
+
+
+# ---- what the seeds found, shrunk -----------------------------------------------------------
+async def test_a_turn_queued_behind_the_one_that_reaches_the_daily_cap_does_not_answer(
+    tmp_path: Path, llm: ScriptedLLM
+) -> None:
+    # Seed 3: with a slow model, 乙 asked while the bot still thought about 甲's question;
+    # that turn reached /限额, the next question got 「今天的额度已经用完了」, and then the queued
+    # turn for 乙 called the model and answered anyway, after the notice.
+    group = 93101
+    llm.reset()
+    used = {"prompt_tokens": 500, "completion_tokens": 10, "total_tokens": 510}
+    gate = Gate(Reply("答1：收到。", usage=used), holds=is_chat)
+    llm.on_request(gate)
+    try:
+        with gate:
+            async with BotProcess(tmp_path / "bot", env=env(llm), log_level="INFO") as bot:
+                sim = OneBotSim(bot.ws_url, self_id=A_ID, access_token=bot.access_token)
+                async with sim:
+                    await wait_log(bot, f"Bot {A_ID} connected")
+                    mark = len(sim.calls)
+                    await sim.group_message(group, OWNER, "/限额 300", nickname="主人")
+                    await sim.wait_call(set(SEND_ACTIONS | FORWARD_ACTIONS), after=mark)
+                    first = await sim.group_message(
+                        group, 20001, [at(A_ID), text(" 第一个问题？")], nickname="甲"
+                    )
+                    await gate.reached()
+                    second = await sim.group_message(
+                        group, 20002, [at(A_ID), text(" 第二个问题？")], nickname="乙"
+                    )
+                    await until(lambda: _stored(bot, group, second), "the second question stored")
+                    await asyncio.sleep(0.3)  # its decision made (the cap not reached yet)
+                    mark = len(sim.calls)
+                    gate.open()
+                    await sim.wait_call(
+                        set(SEND_ACTIONS), predicate=lambda c: quoted_id(c) == first, after=mark
+                    )
+                    notice = await sim.wait_call(
+                        set(SEND_ACTIONS),
+                        predicate=lambda c: plain_text(message_of(c)) == CAP_NOTICE,
+                        after=mark,
+                    )
+                    assert quoted_id(notice) == second
+                    third = await sim.group_message(
+                        group, 20003, [at(A_ID), text(" 第三个问题？")], nickname="丙"
+                    )
+                    await until(lambda: _stored(bot, group, third), "the third question stored")
+                    await asyncio.sleep(1.0)  # an answer or a second notice would come now
+                    assert len([b for b in llm.requests if is_chat(b)]) == 1
+                    assert [plain_text(message_of(c)) for _, c in sends(sim)][-2:] == [
+                        "答1：收到。",
+                        CAP_NOTICE,
+                    ]
+    finally:
+        llm.reset()
+
+
+async def _stored(bot: BotProcess, group: int, mid: int) -> bool:
+    found = await query(
+        bot.db_path,
+        "SELECT 1 FROM messages WHERE session_id = ? AND platform_id = ?",
+        group_sid(group, A_ID),
+        str(mid),
+    )
+    return bool(found)

@@ -110,6 +110,8 @@ class _Worker:
     reply: ReplyFn | None = None
     trigger: int | None = None
     """The newest stored message that asked for the pending turn (None: unknown)."""
+    allowed: Callable[[], Awaitable[bool]] | None = None
+    """Asked once more when the pending turn's time comes (the daily cap reached meanwhile)."""
     read: int = -1
     """The newest message id the latest turn put into a prompt."""
 
@@ -200,12 +202,20 @@ class Agent:
         return await self.store.append_once(session.id, _estimated(msg))
 
     def request_turn(
-        self, session_id: str, reply: ReplyFn, entry: Entry = Entry(), *, trigger: int | None = None
+        self,
+        session_id: str,
+        reply: ReplyFn,
+        entry: Entry = Entry(),
+        *,
+        trigger: int | None = None,
+        allowed: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         """Answer this session soon: now, or right after the turn in progress.
 
         `trigger`: the stored id of the message asking; a queued turn is dropped when the
         turn in progress already read its trigger (a burst gets one answer, not two).
+        `allowed`: asked again when a queued turn's time comes; False drops it (the turn
+        in progress used up the place's daily cap: no answer after the cap notice).
         """
         if self.draining:
             return
@@ -215,7 +225,7 @@ class Agent:
                 worker.trigger = trigger
             elif worker.trigger is not None:
                 worker.trigger = None if trigger is None else max(worker.trigger, trigger)
-            worker.pending, worker.reply = True, reply
+            worker.pending, worker.reply, worker.allowed = True, reply, allowed
             return
         task = asyncio.create_task(self._work(session_id, reply, entry), name=f"memsum-turn-{session_id}")
         self._workers[session_id] = _Worker(task)
@@ -466,6 +476,8 @@ class Agent:
                 worker.pending = False
                 if worker.trigger is not None and worker.trigger <= worker.read:
                     return  # the turn that just ended already had the message that asked
+                if worker.allowed is not None and not await worker.allowed():
+                    return
                 reply = worker.reply or reply
         finally:
             if (w := self._workers.get(session_id)) is not None and w.task is asyncio.current_task():

@@ -93,7 +93,24 @@ async def answer_if_allowed(
     in_group = isinstance(event, GroupMessageEvent)
     decision = await rt.controls.answer(record, str(event.user_id), in_group=in_group)
     if decision == "answer":
-        rt.agent.request_turn(record.id, replier(bot, event), entry_of(record), trigger=trigger)
+
+        async def still_allowed() -> bool:
+            # Queued behind a turn that used up the day's cap: the notice, not an answer.
+            try:
+                again = await rt.controls.still_within_cap(record)
+            except StoreError as err:  # the decision made on arrival stands
+                logger.warning(f"memsum: could not check the daily cap of {record.id} again: {err}")
+                return True
+            if again == "cap_notice":
+                try:
+                    await replier(bot, event)(CAP_NOTICE)
+                except Exception as err:  # the implementation gone: nothing more to do
+                    logger.warning(f"memsum: could not send the cap notice to {record.id}: {err!r}")
+            return again == "answer"
+
+        rt.agent.request_turn(
+            record.id, replier(bot, event), entry_of(record), trigger=trigger, allowed=still_allowed
+        )
         return
     logger.debug(f"memsum: not answering message {trigger} of {record.id}: {decision}")
     if decision == "cap_notice":
