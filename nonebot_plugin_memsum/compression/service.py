@@ -208,6 +208,8 @@ class _Run:
     """In a turn: the entry of the request it makes room for."""
     clear_mark: Any = None
     """The session's clear mark when the run began (CLEARS_NAMESPACE; shared stores only)."""
+    reading: bool = False
+    """It has begun to read its snapshot: a clear or deletion committed after that overtook it."""
 
 
 def same_item(a: Message, b: Message) -> bool:
@@ -356,9 +358,11 @@ class CompressionService:
             await self._forget_usage(session_id)  # none written after the clear's commit
         if inside_turn:
             await self._clear_store(session_id, kind)
+            self._cancel_overtaken(session_id, run)
         else:
             async with self._commit_locks.hold(session_id):
                 await self._clear_store(session_id, kind)
+                self._cancel_overtaken(session_id, run)
             if run is not None and not run.cancelled.is_set():
                 await run.finished.wait()  # the run whose commit it waited for has reported `done`
         self._summaries.pop(session_id)
@@ -397,16 +401,29 @@ class CompressionService:
         if inside_turn:
             await self._forget_usage(session_id)
             await self.store.delete_session(session_id)
+            self._cancel_overtaken(session_id, run, deleted=True)
         else:
             async with self._commit_locks.hold(session_id), self.agent.turn_lock(session_id):
                 await self._forget_usage(session_id)
                 await self.store.delete_session(session_id)
+                self._cancel_overtaken(session_id, run, deleted=True)
         self._summaries.pop(session_id)
         self._epoch[session_id] = self._epoch.get(session_id, 0) + 1
         self._backoff.pop(session_id, None)
         self._latest_turn_usage.pop(session_id, None)
         self._latest_usage.pop(session_id, None)
         self.settings.forget_session(session_id)
+
+    def _cancel_overtaken(self, session_id: str, seen: _Run | None, *, deleted: bool = False) -> None:
+        """R-MEM-3: a run that began while this clear or deletion waited (for a commit, for the
+        turn) and has read its snapshot holds what was just removed: cancelled as a clear
+        cancels one, so it sends none of it to the summariser and commits nothing (not failed
+        with 「压缩期间历史被改动」, which backs off, nor a trace of a deleted session)."""
+        later = self._runs.get(session_id)
+        if later is None or later is seen or not later.reading or later.committing:
+            return
+        later.deleted = later.deleted or deleted
+        later.cancelled.set()
 
     async def summary(self, session_id: str) -> dict[str, Any] | None:
         """The stored summary record; kept in memory between its writes (every prompt injects
@@ -733,6 +750,7 @@ class CompressionService:
 
     async def _run_inner(self, session_id: str, run: _Run) -> CompressionResult:
         try:
+            run.reading = True  # from here a clear or deletion that commits overtakes it
             if self.store.shared:  # R-MEM-3 across processes: a clear there changes the mark
                 run.clear_mark = await self.store.get_meta(CLEARS_NAMESPACE, session_id)
             snapshot = await self.store.get_history(session_id)  # R-RUN-1
@@ -979,6 +997,8 @@ class CompressionService:
         sid: str,
     ) -> str:
         """One summary request, abandoned as soon as the session is cleared (R-MEM-3)."""
+        if run.cancelled.is_set():  # cleared before it was sent: nothing of it goes out
+            raise _Cleared
         run.requests += 1
         call = asyncio.ensure_future(
             self.client.chat(

@@ -1,0 +1,80 @@
+"""Outside audit 11 (fa): concurrency through the library API, seeded and random, checked
+against the specification's invariants (R-PROG, R-RUN-11, R-MEM-2/3, R-INJ-1, R-BUD)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+
+import pytest
+
+from nonebot_plugin_memsum import api, runtime
+from nonebot_plugin_memsum.agent.events import CompressionProgress
+from nonebot_plugin_memsum.compression.service import (
+    CLEARED,
+    RUNS_NAMESPACE,
+)
+from nonebot_plugin_memsum.runtime import Runtime
+from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE
+from tests.fakes.llm_server import Reply
+from tests.fakes.service import GROUP as SERVICE_GROUP
+from tests.fakes.service import Make, held_turn, seed, until
+
+_current: contextvars.ContextVar[Runtime | None] = contextvars.ContextVar("memsum_fa_runtime", default=None)
+
+
+@pytest.fixture
+def per_task_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`api` calls `runtime.get()`: here it answers the runtime the calling task chose, so
+    one test drives two runtimes (two bot processes) through the library API."""
+    original = runtime.get
+
+    def get() -> Runtime:
+        rt = _current.get()
+        return rt if rt is not None else original()
+
+    monkeypatch.setattr(runtime, "get", get)
+
+
+# ---- regressions the random driver found, shrunk -------------------------------------------------
+async def test_r_mem_3_a_run_begun_while_a_deletion_waited_for_the_turn_sends_nothing_deleted(
+    make: Make, per_task_runtime: None
+) -> None:
+    # Another plugin deletes a session while its turn runs: the deletion waits for the turn.
+    # Meanwhile a compression begins (a /压缩, or the background one the turn's end starts) and
+    # reads the history, still whole. Once the deletion returned, that run must not send the
+    # deleted conversation to the summariser, and ends as cancelled by the deletion
+    # (「压缩期间会话被清空」), leaving no trace of the session. Before: it sent them, failed
+    # with 「压缩期间历史被改动」 and wrote a compression record for the deleted session.
+    env = await make()
+    rt = env.rt
+    _current.set(rt)
+    await seed(rt, 6, record=SERVICE_GROUP)
+    sid = SERVICE_GROUP.id
+    turn, chat_gate = await held_turn(env, Reply("好的"))
+    with chat_gate:
+        deleting = asyncio.create_task(api.delete_session(sid))
+        await until(lambda: rt.compression._commit_locks.locked(sid), "the deletion waits for the turn")
+        started, release = asyncio.Event(), asyncio.Event()
+
+        async def hold_start(p: CompressionProgress) -> None:
+            if p.phase == "start":
+                started.set()
+                await release.wait()
+
+        rt.bus.subscribe(CompressionProgress, hold_start)
+        run = asyncio.create_task(api.compress(sid))
+        await asyncio.wait_for(started.wait(), 10)  # its snapshot is read: the whole history
+        chat_gate.open()
+        await turn
+        await asyncio.wait_for(deleting, 10)
+    asked = len(env.model.summary_requests())
+    release.set()
+    with pytest.raises(api.CompressionError) as refused:
+        await asyncio.wait_for(run, 10)
+    assert str(refused.value) == CLEARED
+    assert env.model.summary_requests()[asked:] == []
+    assert await rt.store.get_meta(RUNS_NAMESPACE, sid) is None
+    assert await rt.store.get_meta(SUMMARY_NAMESPACE, sid) is None
+    assert await rt.store.get_history(sid) == []
+    assert env.phases(sid)[-2:] == [("start", None), ("error", CLEARED)]
