@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+from typing import Any
 
 import pytest
 
@@ -34,6 +35,10 @@ def per_task_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
         return rt if rt is not None else original()
 
     monkeypatch.setattr(runtime, "get", get)
+
+
+def body_text(body: dict[str, Any]) -> str:
+    return "\n".join(str(m.get("content") or "") for m in body["messages"])
 
 
 # ---- regressions the random driver found, shrunk -------------------------------------------------
@@ -78,3 +83,42 @@ async def test_r_mem_3_a_run_begun_while_a_deletion_waited_for_the_turn_sends_no
     assert await rt.store.get_meta(SUMMARY_NAMESPACE, sid) is None
     assert await rt.store.get_history(sid) == []
     assert env.phases(sid)[-2:] == [("start", None), ("error", CLEARED)]
+
+
+async def test_r_mem_2_a_clear_while_a_turn_builds_its_prompt_keeps_the_cleared_history_from_the_model(
+    make: Make, per_task_runtime: None
+) -> None:
+    # Another plugin's prompt contribution takes a moment (it looks something up); meanwhile
+    # the owner clears the context (/清除 上下文, api.clear) and the clear returns. The turn had
+    # read the history before: it must not send the cleared conversation to the model now;
+    # the question went with the clear, so the turn says nothing (as when the clear comes
+    # while the model answers).
+    env = await make()
+    rt = env.rt
+    _current.set(rt)
+    said = await seed(rt, 4, record=SERVICE_GROUP)
+    sid = SERVICE_GROUP.id
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_weather(session_id: str) -> str:
+        entered.set()
+        await release.wait()
+        return "今天晴"
+
+    api.contribute("weather", slow_weather)
+    replies: list[str] = []
+
+    async def reply(text: str) -> None:
+        replies.append(text)
+
+    turn = asyncio.create_task(api.run_turn(sid, reply, api.Entry("onebot", "group")))
+    await asyncio.wait_for(entered.wait(), 10)
+    asked = len(env.model.chat_requests())
+    await api.clear(sid, "context")
+    release.set()
+    outcome = await asyncio.wait_for(turn, 10)
+    sent = [body_text(b) for b in env.model.chat_requests()[asked:]]
+    assert not [t for t in sent if any(m.content in t for m in said)], sent
+    assert outcome == "silent"
+    assert replies == []
+    assert await rt.store.get_history(sid) == []

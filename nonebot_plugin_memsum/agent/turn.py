@@ -547,6 +547,11 @@ class Agent:
                 "line": math.floor(line) if line is not None else None,
             }
             await self.bus.emit(UsageEvent(turn_id=None, usage=prompt.estimate, **facts))
+            if session_id in self._cleared:
+                # R-MEM-2: cleared after the history was read (while a contribution or the
+                # summary was read): what was read must not reach the model, and the question
+                # went with the clear.
+                return "silent"
             asked = time.perf_counter()
             try:
                 result = await self._ask(model, prompt, session_id, tools, reserve, stats)
