@@ -17,6 +17,7 @@ from nonebot_plugin_memsum.compression.service import (
 )
 from nonebot_plugin_memsum.runtime import Runtime
 from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE
+from nonebot_plugin_memsum.types import Message
 from tests.fakes.llm_server import Reply
 from tests.fakes.service import GROUP as SERVICE_GROUP
 from tests.fakes.service import Make, held_turn, seed, until
@@ -122,3 +123,39 @@ async def test_r_mem_2_a_clear_while_a_turn_builds_its_prompt_keeps_the_cleared_
     assert outcome == "silent"
     assert replies == []
     assert await rt.store.get_history(sid) == []
+
+
+async def test_r_mem_2_a_tool_result_that_comes_back_after_a_clear_is_not_stored(
+    make: Make, per_task_runtime: None
+) -> None:
+    # The model asked for a tool (recall, or another plugin's lookup) and the tool takes a
+    # moment; meanwhile the owner clears the context and the clear returns. The tool's result
+    # answers a call the clear removed and holds what was read before it: it must not land
+    # in the cleared history, where the next turn or compression would send it to the model.
+    env = await make()
+    rt = env.rt
+    _current.set(rt)
+    said = await seed(rt, 4, record=SERVICE_GROUP)
+    sid = SERVICE_GROUP.id
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    @api.tool("look_up", "查资料", {"type": "object", "properties": {}})
+    async def look_up(ctx: api.ToolContext, args: dict[str, Any]) -> str:
+        entered.set()
+        await release.wait()
+        return f"查到：{said[0].content}"
+
+    call = {"id": "call_1", "name": "look_up", "arguments": "{}"}
+    env.model.chat.append(Reply("", tool_calls=[call], finish_reason="tool_calls"))
+    turn = asyncio.create_task(api.run_turn(sid, entry=api.Entry("onebot", "group")))
+    await asyncio.wait_for(entered.wait(), 10)
+    await api.clear(sid, "context")
+    release.set()
+    assert await asyncio.wait_for(turn, 10) == "silent"
+    assert await rt.store.get_history(sid) == []
+    # What comes next carries nothing of it.
+    await api.record(SERVICE_GROUP, Message(role="user", content="[乙(20002)] 新话题"))
+    asked = len(env.model.chat_requests())
+    await api.run_turn(sid, entry=api.Entry("onebot", "group"))
+    [request] = env.model.chat_requests()[asked:]
+    assert said[0].content not in body_text(request)

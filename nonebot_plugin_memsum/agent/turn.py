@@ -589,6 +589,8 @@ class Agent:
             used = reported or prompt.estimate
             await self.bus.emit(UsageEvent(turn_id=turn_id, usage=used, **facts))
             if result.tool_calls and offer_tools:
+                if session_id in self._cleared:
+                    return "silent"  # cleared while the model answered: its call answers nothing now
                 # The reasoning goes back with the call: DeepSeek's thinking mode requires it;
                 # so do Gemini 3's thought signatures (the calls' `extra_content`).
                 thought: dict[str, Any] = (
@@ -607,6 +609,8 @@ class Agent:
                     ),
                 )
                 for call in result.tool_calls:
+                    if session_id in self._cleared:
+                        break  # R-MEM-2: the calls went with the clear
                     await self._run_tool(ctx, call)
                 if session_id in self._cleared:
                     return "silent"  # cleared while its tools ran: the question is gone
@@ -790,6 +794,10 @@ class Agent:
 
     async def _run_tool(self, ctx: ToolContext, call: ToolCall) -> None:
         output = await self.tools.call(ctx, call.name, call.arguments)
+        if ctx.session_id in self._cleared:
+            # R-MEM-2: cleared (from outside the turn) while the tool ran: its call went with the
+            # clear, and what it read may have gone too; stored, a later request would carry it.
+            return
         await self._append(
             ctx.session_id,
             Message(role="tool", content=output, name=call.name, tool_call_id=call.id, ts=clock.now()),
