@@ -159,3 +159,43 @@ async def test_r_mem_2_a_tool_result_that_comes_back_after_a_clear_is_not_stored
     await api.run_turn(sid, entry=api.Entry("onebot", "group"))
     [request] = env.model.chat_requests()[asked:]
     assert said[0].content not in body_text(request)
+
+
+@pytest.mark.parametrize("how", ["clear", "delete"])
+async def test_r_mem_3_a_run_in_another_process_sends_nothing_cleared_there(
+    pg_url: str, make: Make, per_task_runtime: None, how: str
+) -> None:
+    # Two bot processes on one PostgreSQL memory. One has begun compressing the group and read
+    # its history; before its summary request goes out, the owner clears the group's context
+    # (or a plugin deletes the session) through the other process, and that returns. The run
+    # cannot be cancelled from there, but it must not send the cleared conversation to the
+    # summariser afterwards: it ends cancelled (「压缩期间会话被清空」), having written nothing.
+    first = await make(location=pg_url)
+    second = await make(location=pg_url)
+    _current.set(first.rt)
+    said = await seed(first.rt, 6, record=SERVICE_GROUP)
+    sid = SERVICE_GROUP.id
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def hold_start(p: CompressionProgress) -> None:
+        if p.phase == "start":
+            started.set()
+            await release.wait()
+
+    second.rt.bus.subscribe(CompressionProgress, hold_start)
+    run = asyncio.create_task(second.rt.compression.compress(sid))
+    await asyncio.wait_for(started.wait(), 10)  # it read the whole history
+    if how == "clear":
+        await api.clear(sid, "context")
+    else:
+        await api.delete_session(sid)
+    release.set()
+    with pytest.raises(api.CompressionError) as refused:
+        await asyncio.wait_for(run, 10)
+    assert str(refused.value) == CLEARED
+    sent = [body_text(b) for b in second.model.summary_requests()]
+    assert not [t for t in sent if any(m.content in t for m in said)]
+    assert await first.rt.store.get_meta(SUMMARY_NAMESPACE, sid) is None
+    assert await first.rt.store.get_history(sid) == []
+    if how == "delete":  # no trace of the deleted session
+        assert await first.rt.store.get_meta(RUNS_NAMESPACE, sid) is None

@@ -291,8 +291,8 @@ async def test_r_mem_3_a_summary_clear_in_another_process_during_the_commit_wins
     async def mark_read_then_clear(tx: Tx, namespace: str, key: str) -> Any:
         mark = await get_meta(tx, namespace, key)
         if namespace == CLEARS_NAMESPACE and tx._db is first.rt.store._db:
-            reads.append(key)  # the run's start, then its commit
-        if len(reads) == 2 and not clearing:
+            reads.append(key)  # the run's start, before its summary request, then its commit
+        if len(reads) == 3 and not clearing:
             clearing.append(asyncio.create_task(second.rt.compression.clear(SERVICE_GROUP.id, "summary")))
             for _ in range(100):  # until the clear is done, or waits for this commit
                 waiting = await raw(

@@ -950,7 +950,7 @@ class CompressionService:
         it is the existing summary, or no message alone is refused."""
 
         async def refused(parts: Sequence[Part], with_summary: bool = False) -> bool:
-            if run.cancelled.is_set():
+            if run.cancelled.is_set() or await self._cleared_elsewhere(session_id, run):
                 raise _Cleared
             run.requests += 1  # in the run's count and, answered, in the ledger like any call
             probe = plan.probe(parts, with_summary=with_summary)
@@ -987,6 +987,18 @@ class CompressionService:
         flag = {REFUSED_KEY: True}
         return {i: replace(m, metadata={**m.metadata, **flag}, tokens=None) for i, m in messages.items()}
 
+    async def _cleared_elsewhere(self, session_id: str, run: _Run) -> bool:
+        """R-MEM-2/3 across processes (shared store): another process cleared the session (a new
+        clear mark) or deleted it since the run began. Its clear cannot cancel this run, so the
+        run asks before each request, and sends nothing cleared there to the summariser."""
+        if not self.store.shared:
+            return False
+        async with self.store.transaction() as tx:  # not the session record cached here
+            if await tx.get_session(session_id) is None:
+                run.deleted = True  # then no trace, as after a local deletion
+                return True
+            return await tx.get_meta(CLEARS_NAMESPACE, session_id) != run.clear_mark
+
     async def _ask(
         self,
         run: _Run,
@@ -997,8 +1009,8 @@ class CompressionService:
         sid: str,
     ) -> str:
         """One summary request, abandoned as soon as the session is cleared (R-MEM-3)."""
-        if run.cancelled.is_set():  # cleared before it was sent: nothing of it goes out
-            raise _Cleared
+        if run.cancelled.is_set() or await self._cleared_elsewhere(sid, run):
+            raise _Cleared  # cleared before it was sent: nothing of it goes out
         run.requests += 1
         call = asyncio.ensure_future(
             self.client.chat(
