@@ -16,9 +16,10 @@ from nonebot_plugin_memsum.compression.service import (
     RUNS_NAMESPACE,
 )
 from nonebot_plugin_memsum.runtime import Runtime
-from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE
+from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE, open_store
 from nonebot_plugin_memsum.types import Message
 from tests.fakes.llm_server import Reply
+from tests.fakes.pgdb import raw
 from tests.fakes.service import GROUP as SERVICE_GROUP
 from tests.fakes.service import Make, held_turn, seed, until
 
@@ -199,3 +200,37 @@ async def test_r_mem_3_a_run_in_another_process_sends_nothing_cleared_there(
     assert await first.rt.store.get_history(sid) == []
     if how == "delete":  # no trace of the deleted session
         assert await first.rt.store.get_meta(RUNS_NAMESPACE, sid) is None
+
+
+async def test_a_deletion_beside_another_process_s_commit_waits_for_it_not_a_deadlock(pg_url: str) -> None:
+    # Two bot processes on one PostgreSQL memory: one commits a compression of the group (it
+    # holds the session, then archives its messages) while a plugin in the other deletes the
+    # session. The deletion waits for the commit and then removes everything; before, it began
+    # deleting the messages without waiting, and PostgreSQL ended one of the two with
+    # "deadlock detected" (api.delete_session raised StoreError).
+    first, second = await open_store(pg_url), await open_store(pg_url)
+    try:
+        await first.save_session(SERVICE_GROUP)
+        sid = SERVICE_GROUP.id
+        for i in range(6):
+            await first.append(sid, Message(role="user", content=f"[甲(20001)] 第{i}句", ts=1.0 + i))
+        async with first.transaction() as tx:
+            await tx._live().hold(sid)  # as the commit does (store.history_in)
+            deleting = asyncio.create_task(second.delete_session(sid))
+            for _ in range(200):  # until the deletion waits for a lock
+                if deleting.done() or await raw(
+                    pg_url,
+                    "SELECT 1 FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock'",
+                ):
+                    break
+                await asyncio.sleep(0.01)
+            await tx.archive_span(sid, 6)
+            await tx.put_meta(SUMMARY_NAMESPACE, sid, {"text": "摘要"})
+        await asyncio.wait_for(deleting, 10)
+        assert await first.get_history(sid) == []
+        assert await first.get_archived(sid) == []
+        assert await first.get_meta(SUMMARY_NAMESPACE, sid) is None
+    finally:
+        await first.close()
+        await second.close()

@@ -579,6 +579,9 @@ class Tx:
         metadata entry keyed by its id (summary, last run, todos, back-off, usage), its own
         settings and its record. The usage ledger stays: it is what was paid. Its rows leave
         the search index first (their terms are read from the rows being deleted)."""
+        # As a clear (R-MEM-3): wait for a compression committing in another process, which
+        # holds the session and then writes its messages; deleting them first deadlocked with it.
+        await self._live().hold(session_id)
         self._touched.add(session_id)
         await self._live().forget(session_id)
         for sql in (
