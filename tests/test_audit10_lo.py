@@ -485,3 +485,19 @@ async def test_an_answer_whose_send_the_kill_cut_short_is_not_backfilled_a_secon
             ("assistant", "手机上补一句"),
         ]
         await sim.close()
+
+
+def test_each_part_of_a_long_answer_a_kill_cut_short_is_known_as_sent() -> None:
+    """A long answer goes out in plain parts when merged-forward is refused (send.py); killed
+    between them, the answer is stored without an id and with no note of its parts. Each part
+    the backfill fetches is a piece of it, not the owner's words (test_audit5_m's
+    test_a_kill_between_the_parts_of_a_long_answer_sends_none_of_it_again raced on this)."""
+    from nonebot_plugin_memsum.onebot.said import IN_PARTS, sent_here_match
+
+    answer = "很长的回答。" * 1200
+    sent: list[tuple[str, str | None]] = [("别的命令输出", None), (answer, IN_PARTS)]
+    parts = [answer[i : i + 2400] for i in range(0, len(answer), 2400)]
+    assert all(sent_here_match(sent, str(900 + n), part) for n, part in enumerate(parts))
+    assert not sent_here_match(sent, "999", "主人自己打的字")
+    assert sent_here_match(sent, "998", "别的命令输出")  # an exact one is taken out once
+    assert not sent_here_match(sent, "997", "别的命令输出")

@@ -207,16 +207,27 @@ async def sent_here(session_id: str) -> list[tuple[str, str | None]]:
         for e in _merged(kept, rt.onebot.sent.get(session_id, []))
     ]
     unnamed = [
-        (" ".join(m.content.split()), None) for m in stored if m.role == "assistant" and m.platform_id is None
+        (" ".join(m.content.split()), IN_PARTS)
+        for m in stored
+        if m.role == "assistant" and m.platform_id is None
     ]
     return noted + unnamed
 
 
+IN_PARTS = "*"
+"""In `sent_here`'s list, an answer stored without an id: a long one went out in plain parts
+(send.py), and the kill may have come between them, so each fetched part is a piece of it."""
+
+
 def sent_here_match(sent: list[tuple[str, str | None]], message_id: str, text: str) -> bool:
-    """Whether a fetched message of the account is one of `sent` (then taken out of it): the
-    same id, or the same text of one sent without an id."""
+    """Whether a fetched message of the account is one of `sent`: the same id, or the same
+    text of one sent without an id (then taken out of it), or a piece of an answer stored
+    without an id (kept: its other parts may follow)."""
     for i, (said, sent_under) in enumerate(sent):
-        if sent_under == message_id or (sent_under is None and said == text):
+        if sent_under == IN_PARTS:
+            if text and text in said:
+                return True
+        elif sent_under == message_id or (sent_under is None and said == text):
             del sent[i]
             return True
     return False
