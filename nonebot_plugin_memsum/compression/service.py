@@ -212,6 +212,22 @@ class _Run:
     """It has begun to read its snapshot: a clear or deletion committed after that overtook it."""
 
 
+def _facts(usage: UsageEvent, turn_id: str | None = None) -> UsageFacts:
+    """What the trigger judges of a usage event (`turn_id`: in place of the event's own)."""
+    return UsageFacts(
+        turn_id=turn_id or usage.turn_id,
+        usage=usage.usage,
+        window=usage.window,
+        trim_budget=usage.trim_budget,
+        trimmed=usage.trimmed,
+        untrimmed_history=usage.untrimmed_history,
+        history_messages=usage.history_messages,
+        history_limit=usage.history_limit,
+        platform=usage.platform,
+        platform_type=usage.platform_type,
+    )
+
+
 def same_item(a: Message, b: Message) -> bool:
     """R-RUN-11: timestamp, role, content, tool call ids and whether it was withdrawn (a
     withdrawal during the run: the summary may hold its text, so the run fails once and the
@@ -527,20 +543,8 @@ class CompressionService:
         if sid in self._runs:
             return
         backoff = await self._set_backoff(sid, (await self._backoff_of(sid)).on_judged_turn())
-        facts = UsageFacts(
-            turn_id=usage.turn_id,
-            usage=usage.usage,
-            window=usage.window,
-            trim_budget=usage.trim_budget,
-            trimmed=usage.trimmed,
-            untrimmed_history=usage.untrimmed_history,
-            history_messages=usage.history_messages,
-            history_limit=usage.history_limit,
-            platform=usage.platform,
-            platform_type=usage.platform_type,
-        )
         compress_at = await self.compress_at(sid, usage.platform, usage.platform_type)
-        if not compression_due(facts, compress_at, event.outcome) or not backoff.may_run():
+        if not compression_due(_facts(usage), compress_at, event.outcome) or not backoff.may_run():
             return
         await self._start_background(sid)
 
@@ -653,39 +657,28 @@ class CompressionService:
         self._judging.add(session_id)  # a burst needs one judgement at a time, not one each
         try:
             prompt = await self.agent.build_prompt(session_id, entry, with_tools=False)
-            limit = await self.agent.history_limit(session_id, entry)
-            facts = UsageFacts(
-                turn_id="recorded",
-                usage=prompt.estimate,
-                window=model.context_window,
-                trim_budget=self.agent.trim_budget_of(model),
-                trimmed=prompt.trimmed,
-                untrimmed_history=prompt.untrimmed_history,
-                history_messages=await self.store.count_active(session_id),
-                history_limit=limit,
-                platform=entry.platform,
-                platform_type=entry.platform_type,
-            )
             compress_at = await self.compress_at(session_id, entry.platform, entry.platform_type)
+            trim_budget = self.agent.trim_budget_of(model)
+            line = compression_line(compress_at, model.context_window, trim_budget)
             # The estimate stands in for the usage of the budget too, as a snapshot would
             # (R-TRIG-1): the run it starts, or a /压缩 after it, writes to the line that
             # judged it (R-BUD-1), not to ⅔ of the summary model's cap (R-BUD-6).
-            line = compression_line(compress_at, facts.window, facts.trim_budget)
-            self._latest_usage[session_id] = UsageEvent(
+            usage = self._latest_usage[session_id] = UsageEvent(
                 session_id=session_id,
                 turn_id=None,
                 platform=entry.platform,
                 platform_type=entry.platform_type,
                 model_id=model.id,
                 window=model.context_window,
-                trim_budget=self.agent.trim_budget_of(model),
+                trim_budget=trim_budget,
                 usage=prompt.estimate,
                 trimmed=prompt.trimmed,
                 untrimmed_history=prompt.untrimmed_history,
-                history_messages=facts.history_messages,
-                history_limit=limit,
+                history_messages=await self.store.count_active(session_id),
+                history_limit=await self.agent.history_limit(session_id, entry),
                 line=int(line) if line is not None and compress_at else None,
             )
+            facts = _facts(usage, turn_id="recorded")
             backoff = await self._set_backoff(
                 session_id, (await self._backoff_of(session_id)).on_judged_turn()
             )
