@@ -588,9 +588,9 @@ class Agent:
             reported = result.usage.prompt_tokens if result.usage else 0
             used = reported or prompt.estimate
             await self.bus.emit(UsageEvent(turn_id=turn_id, usage=used, **facts))
+            if session_id in self._cleared:
+                return "silent"  # cleared while the model answered: its answer or call answers nothing now
             if result.tool_calls and offer_tools:
-                if session_id in self._cleared:
-                    return "silent"  # cleared while the model answered: its call answers nothing now
                 # The reasoning goes back with the call: DeepSeek's thinking mode requires it;
                 # so do Gemini 3's thought signatures (the calls' `extra_content`).
                 thought: dict[str, Any] = (
@@ -616,8 +616,6 @@ class Agent:
                     return "silent"  # cleared while its tools ran: the question is gone
                 continue
             text = _ECHOED_LABEL.sub("", result.content.strip())
-            if session_id in self._cleared:
-                return "silent"  # cleared while the model answered: nothing to answer now
             withdrawn = requested and await self._questions_withdrawn(session_id, stats.read)
             if not text or text == SILENT_MARK or withdrawn:
                 said = WITHDRAWN_RECORD if withdrawn else SILENT_RECORD
