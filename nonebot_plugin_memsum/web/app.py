@@ -47,6 +47,8 @@ CROSS_SITE = (
 )
 """The page itself sees it only when a proxy hides the browser's host and the browser sends
 no `Sec-Fetch-Site` (plain http to a LAN address): then the fix is the proxy's."""
+RESET_WORD = "默认"
+"""Typed into a setting's field: back to the layer below, as the chat commands read it."""
 SEARCH_LIMIT = 20
 RECENT = 30
 """The newest conversation messages a session's page shows."""
@@ -334,7 +336,9 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
         if key is None:
             raise HTTPException(400, "这个会话没有群设置")
         before = (await rt.settings.of_place("mode", record)).value if record is not None else None
-        if body.value is None:
+        if body.value is None or (isinstance(body.value, str) and body.value.strip() == RESET_WORD):
+            # 默认 typed into a field is what it is in every setting command (and what the
+            # persona's refusal advises): back to the layer below, never the persona 「默认」.
             await rt.settings.reset(name, body.scope, key)
         else:
             value = views.setting_input(body.name, body.value)
