@@ -322,3 +322,36 @@ async def test_default_typed_into_a_setting_on_the_page_restores_it_as_in_chat(b
         assert chat[0]["messages"][0]["content"] == shown["persona"]["value"]
     finally:
         await page.aclose()
+
+
+async def test_a_value_typed_in_full_width_or_as_a_word_is_read_on_the_page_as_in_chat(bot: Bot) -> None:
+    """A phone's Chinese keyboard in full-width mode types 「０．７」; chat's /压缩线 ０．７ takes
+    it (commands.typed), the page said 「请填写数字」. /限额 无 turns the cap off, 无 on the page
+    was 「请填写数字」 too. Now the page reads them as chat does; a word that is no number is
+    still refused, in Chinese, and changes nothing."""
+    sid = await fresh_group(bot, 73902, "全角测试群")
+    page = PageClient(bot.base)
+    await page.login()
+    try:
+        for name, typed, value in (
+            ("compress_at", "０．７", 0.7),
+            ("history_limit", "１２", 12),
+            ("daily_token_cap", "５００００", 50000),
+            ("daily_token_cap", " 无 ", 0),
+        ):
+            resp = await page.setting(sid, name, "session", typed)
+            assert resp.status_code == 200, (typed, resp.text)
+            assert resp.json()["value"] == value
+            assert (await db_settings(bot, "session", sid))[name] == value
+        said = await command(bot, ("group", 73902), "/压缩线", ("压缩线",))
+        assert said.startswith("压缩线 0.7（本会话）"), said
+        said = await command(bot, ("group", 73902), "/条数线", ("条数线",))
+        assert said.startswith("条数线 12（本会话）"), said
+        before = await snapshot(bot)
+        for name, typed in (("compress_at", "七成"), ("history_limit", "无"), ("daily_token_cap", "很多")):
+            resp = await page.setting(sid, name, "session", typed)
+            assert resp.status_code == 400, resp.text
+            assert resp.json()["detail"] == "请填写数字"
+        assert await snapshot(bot) == before
+    finally:
+        await page.aclose()

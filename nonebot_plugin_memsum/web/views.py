@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+import unicodedata
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, fields
 from typing import Any
@@ -52,14 +53,19 @@ def setting_text(name: str, value: Any) -> str:
 
 def setting_input(name: str, value: float | str) -> float | str | None:
     """A value from the page as the settings layer takes it: a mode's word as its key, a
-    persona as text, numbers as numbers (None: not a number)."""
+    persona as text, numbers as numbers (None: not a number). Numbers are read as the chat
+    commands read them: typed in full width (「０．７」, a phone's Chinese keyboard) as their
+    ASCII spelling, and 无 as no daily cap (/限额 无)."""
     if name == "mode":
         words = {word: key for key, word in MODE_WORDS.items()}
         return words.get(str(value), str(value))
     if name == "persona" or not isinstance(value, str):
         return value
+    word = unicodedata.normalize("NFKC", value).strip()
+    if name == "daily_token_cap" and word == "无":
+        return 0
     try:
-        return float(value)
+        return float(word)
     except ValueError:
         return None
 
