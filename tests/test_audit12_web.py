@@ -28,6 +28,7 @@ import json
 import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -35,7 +36,7 @@ import httpx
 import pytest
 
 from tests.fakes.botproc import BotProcess
-from tests.fakes.e2e import SELF_ID, group_sid, query, running_bot, until
+from tests.fakes.e2e import SELF_ID, connected, group_sid, query, running_bot, until
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.onebot import FORWARD_ACTIONS, SEND_ACTIONS, OneBotSim, as_segments, at, plain_text, text
 
@@ -115,6 +116,7 @@ class Bot:
 @pytest.fixture(scope="module")
 async def bot(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Bot]:
     with ScriptedLLM() as llm:
+        llm.on_request(summary_reply)
         settings = {
             "MEMSUM_MODELS": json.dumps(
                 [llm.model_config(context_window=WINDOW, price_in=2, price_out=8, currency="元")]
@@ -355,3 +357,35 @@ async def test_a_value_typed_in_full_width_or_as_a_word_is_read_on_the_page_as_i
         assert await snapshot(bot) == before
     finally:
         await page.aclose()
+
+
+# ---- names ------------------------------------------------------------------------------------------
+async def test_the_page_opened_before_the_qq_client_connects_names_the_groups_once_it_has(
+    tmp_path: Path,
+) -> None:
+    """The owner starts the bot and opens the page at once, before NapCat has connected (it
+    reconnects every few seconds). The page's first read of group names found no bot and
+    kept that empty answer for five minutes: every group showed as a bare number although
+    the client was connected and answering get_group_list. Now a read that reached no bot
+    is not kept: the next look asks again."""
+    with ScriptedLLM() as llm:
+        settings = {"MEMSUM_MODELS": json.dumps([llm.model_config()]), "MEMSUM_WEB_TOKEN": WEB_TOKEN}
+        async with BotProcess(tmp_path, env=settings) as proc:
+            page = PageClient(f"http://127.0.0.1:{proc.port}/memsum/")
+            await page.login()
+            try:
+                assert (await page.ok("overview"))["sessions"] == []  # no client yet
+                async with connected(proc) as sim:
+                    sim.add_group(73970, "晚连上的群" + XSS[0])
+                    names(sim)
+                    await sim.group_message(73970, 20000, "大家好", card=CARDS[0])
+                    sid = group_sid(73970)
+
+                    async def named() -> bool:
+                        rows = (await page.ok("overview"))["sessions"]
+                        return any(r["id"] == sid and r["name"] == sim.group_names[73970] for r in rows)
+
+                    await until(named, "the group named on the page", within=15)
+                    assert (await page.session(sid))["name"] == sim.group_names[73970]
+            finally:
+                await page.aclose()

@@ -18,6 +18,8 @@ from .app import create_app
 
 PREFIX = "/memsum"
 NAMES_SECONDS = 300
+RETRY_SECONDS = 5
+"""After a read of names that reached no bot."""
 
 
 def mount(driver: Driver, config: Config) -> None:
@@ -71,27 +73,33 @@ class _NoQueryInAccessLog(logging.Filter):
 
 class _OneBotNames:
     """Group names and friends' nicknames from the connected OneBot bots, re-read every
-    few minutes; a bot that does not answer just leaves numbers on the page."""
+    few minutes; a bot that does not answer just leaves numbers on the page. A read that
+    reached no bot (the page opened before the QQ client connected) is not kept: the next
+    look, a few seconds later, asks again."""
 
     def __init__(self) -> None:
         self._names: dict[str, str] = {}
-        self._read = 0.0
+        self._next = 0.0
 
     async def __call__(self) -> Mapping[str, str]:
-        if time.monotonic() - self._read < NAMES_SECONDS:
+        if time.monotonic() < self._next:
             return self._names
-        self._read = time.monotonic()
         names: dict[str, str] = {}
+        answered = False
         for bot in get_bots().values():
             if not isinstance(bot, OneBotV11Bot):
                 continue
             try:
                 for group in await bot.get_group_list():
                     names[f"group:{group['group_id']}"] = str(group.get("group_name") or "")
+                answered = True
                 for friend in await bot.get_friend_list():
                     label = friend.get("remark") or friend.get("nickname") or ""
                     names[f"private:{friend['user_id']}"] = str(label)
             except Exception as err:
                 logger.debug(f"memsum: could not read names from bot {bot.self_id}: {err}")
-        self._names = names
+        if not answered:
+            self._next = time.monotonic() + RETRY_SECONDS
+            return self._names
+        self._names, self._next = names, time.monotonic() + NAMES_SECONDS
         return names
