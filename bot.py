@@ -102,7 +102,18 @@ for _module in (
     _module.type_validate_python = _type_validate_python  # type: ignore[attr-defined]
 
 
+# A secret written in a URL's query: owners paste `…/onebot/v11/ws?access_token=…` (OneBot
+# v11 allows the token as a query parameter), an API's `?key=…`. uvicorn logs every WebSocket
+# handshake and HTTP request with its query at INFO, NoneBot a forward URL it cannot reach.
+_QUERY_SECRET = re.compile(
+    r"([?&](?:access_token|token|key|api_key|apikey|secret|password)=)[^&#\s\"']+", re.IGNORECASE
+)
+
+
 def _log_filter(record: Any) -> bool:
+    message = record["message"]
+    if "=" in message and ("?" in message or "&" in message):
+        record["message"] = _QUERY_SECRET.sub(r"\1***", message)
     # The plugin refused to start and said why in one line (a database it cannot use):
     # uvicorn's copy of the stack down to that refusal tells an owner nothing more.
     if record["name"].startswith("uvicorn") and record["message"].rstrip().endswith("StartUpRefused: 2"):

@@ -20,11 +20,12 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.fakes.botproc import BotProcess
-from tests.fakes.e2e import SELF_ID, group_sid, query, rows, running_bot, wait_rows
-from tests.fakes.llm_server import Reply, ScriptedLLM
+from tests.fakes.e2e import SELF_ID, group_sid, query, rows, running_bot, wait_log, wait_rows
+from tests.fakes.llm_server import API_KEY, Reply, ScriptedLLM
 from tests.fakes.onebot import FORWARD_ACTIONS, SEND_ACTIONS, OneBotSim, as_segments, at, plain_text, text
 
 SUPERUSER = 10001
@@ -296,3 +297,33 @@ async def test_r_cfg_2_a_sender_field_naming_the_owner_grants_nothing(
     owner = {"user_id": str(SUPERUSER), "nickname": "主人", "card": "", "role": "member"}
     await sim.send_event(group_event(group, str(SUPERUSER), "/限额 100", owner, 960099))
     assert plain_text(await next_send(sim, mark)).startswith("已修改")
+
+
+# ---- secrets in the log ------------------------------------------------------------------
+async def test_an_access_token_written_in_a_url_never_reaches_the_log(bot: BotProcess) -> None:
+    """Owners paste the OneBot URL with the token in it (`…/onebot/v11/ws?access_token=…`,
+    the query form OneBot v11's authorization spec allows, botuniverse/onebot
+    v11/specs/communication/authorization.md; NapCat keeps the URL as written and sends the
+    header from its token field as well). uvicorn logs every WebSocket handshake and HTTP
+    request with its query at INFO: the token was in the log of every (re)connect."""
+    assert bot.access_token
+    token = bot.access_token
+    other = 10005
+    url = f"{bot.ws_url}?access_token={token}"
+    async with OneBotSim(url, self_id=other, access_token=token):
+        await wait_log(bot, f"Bot {other} connected")
+    async with httpx.AsyncClient(timeout=10) as client:
+        resp = await client.post(
+            f"http://127.0.0.1:{bot.port}/onebot/v11/http?access_token={token}",
+            json={"post_type": "meta_event"},
+        )
+        assert resp.status_code == 401
+        resp = await client.get(f"http://127.0.0.1:{bot.port}/memsum/?token={WEB_TOKEN}")
+        assert resp.status_code == 200
+    await wait_log(bot, '"WebSocket /onebot/v11/ws?access_token=')
+    await wait_log(bot, '"GET /memsum/?')
+    log = bot.log(all_runs=True)
+    assert '"WebSocket /onebot/v11/ws?access_token=***" [accepted]' in log  # still said, masked
+    assert '"POST /onebot/v11/http?access_token=*** HTTP/1.1" 401' in log
+    for secret in (token, WEB_TOKEN, API_KEY):
+        assert secret not in log
