@@ -327,3 +327,59 @@ async def test_an_access_token_written_in_a_url_never_reaches_the_log(bot: BotPr
     assert '"POST /onebot/v11/http?access_token=*** HTTP/1.1" 401' in log
     for secret in (token, WEB_TOKEN, API_KEY):
         assert secret not in log
+
+
+# ---- secrets in what is stored and shown -------------------------------------------------
+# OpenAI's documented 401 (platform.openai.com/docs/guides/error-codes, "401 - Incorrect API key
+# provided"), here echoing the whole key and the header it came in, as some one-api relays do
+# instead of OpenAI's masked form.
+ECHOING_401 = json.dumps(
+    {
+        "error": {
+            "message": f"Incorrect API key provided: {API_KEY} (Authorization: Bearer {API_KEY})",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "invalid_api_key",
+        }
+    }
+)
+
+
+async def test_a_compression_refused_with_the_key_echoed_keeps_the_key_out_of_every_store_and_view(
+    bot: BotProcess, sim: OneBotSim, llm: ScriptedLLM
+) -> None:
+    """The summariser's provider refuses with a 401 that quotes the key. The failure is kept
+    (the run's record, shown by /摘要 and the web page) and said in the log: the reason is
+    there, the key is in none of them, nor anywhere in the database file."""
+    group = 96005
+    await sim.group_message(group, 20072, "周末一起去爬山吧")
+    await sim.group_message(group, 20073, "好啊，几点集合？")
+    await wait_rows(bot, group_sid(group), 2)
+    llm.reset()
+    llm.on_request(lambda body: Reply(status=401, raw=ECHOING_401) if is_summary(body) else None)
+    mark = len(sim.calls)
+    await sim.group_message(group, SUPERUSER, "/压缩")
+    receipt = plain_text(await next_send(sim, mark))
+    assert receipt.startswith("压缩失败"), receipt
+    mark = len(sim.calls)
+    await sim.group_message(group, SUPERUSER, "/摘要")
+    shown = plain_text(await next_send(sim, mark))
+    assert "上次压缩：" in shown, shown
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{bot.port}/memsum", timeout=10) as owner:
+        assert (await owner.post("/api/login", json={"token": WEB_TOKEN})).status_code == 200
+        page = (await owner.get(f"/api/sessions/{group_sid(group)}")).text
+    (run,) = json.loads(page)["compressions"]
+    for said in (receipt, shown, run["reason"]):  # the provider's reason is told, its key masked
+        assert "HTTP 401: Incorrect API key provided: *** (Authorization: Bearer ***)" in said, said
+    await wait_log(bot, "401")
+    for seen in (
+        receipt,
+        shown,
+        page,
+        bot.log(all_runs=True),
+        bot.db_path.read_bytes().decode("utf-8", "replace"),
+    ):
+        assert API_KEY not in seen
+    wal = bot.db_path.with_name(bot.db_path.name + "-wal")
+    if wal.exists():
+        assert API_KEY.encode() not in wal.read_bytes()
