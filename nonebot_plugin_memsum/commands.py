@@ -42,6 +42,7 @@ from .onebot.fastpath import Claim
 from .permission import SUPERUSER, SUPERUSER_OR_GROUP_ADMIN
 from .settings import MODE_WORDS, Resolved, SettingName, place_key, place_scope, validate
 from .store import SearchQuery, StoreError
+from .store.search import match_expression
 from .types import SessionRecord
 
 CONFIRM_WORD = "确认"
@@ -408,7 +409,7 @@ def parse_recall(
         raise ValueError("日期范围的结束早于开始")
     speaker = speakers[0] if speakers else None
     query = SearchQuery(session_id, " ".join(keywords), speaker, since, until, RECALL_LIMIT)
-    if query.expression() is None:
+    if match_expression(query.text) is None and not speaker:
         raise ValueError("请给出关键词或 @某人" if not keywords else recall.NO_TERMS)
     return query
 

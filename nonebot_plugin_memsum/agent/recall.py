@@ -129,7 +129,7 @@ def query_of(session_id: str, args: dict[str, Any], zone: tzinfo | None = None) 
     """The tool's JSON arguments as a search of the session; ValueError in Chinese."""
     text = str(args.get("query") or "")
     speaker = str(args["speaker"]).strip() if args.get("speaker") else None
-    if match_expression(text) is None and (speaker is None or match_expression(speaker) is None):
+    if match_expression(text) is None and not (speaker or "").lstrip("@"):
         raise ValueError(NO_TERMS)
     try:
         limit = int(args.get("limit") or DEFAULT_LIMIT)

@@ -138,9 +138,11 @@ def tsquery(query: search.SearchQuery) -> str | None:
     """The query as a tsquery literal, or None when neither the text nor the speaker holds a term
     (the same rules as `SearchQuery.expression` on SQLite)."""
     parts = _words(query.text, "D")
-    if query.speaker is not None and (who := _words(query.speaker, "C")):
+    if query.speaker is not None:
+        who = _words(query.speaker, "C")
         people = [f"{_quote(qq)}:C" for qq in query.speaker_ids if qq.isdigit()]
-        parts.append("(" + " | ".join(["(" + " & ".join(who) + ")", *people]) + ")")
+        if alternatives := (["(" + " & ".join(who) + ")"] if who else []) + people:
+            parts.append("(" + " | ".join(alternatives) + ")")
     if not parts:
         return None
     session = session_term(query.session_id)

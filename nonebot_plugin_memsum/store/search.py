@@ -246,9 +246,11 @@ class SearchQuery:
         parts: list[str] = []
         if (text := match_expression(self.text, at)) is not None:
             parts.append(f"body : ({text})")
-        if self.speaker is not None and (who := match_expression(self.speaker, at)) is not None:
-            people = "".join(f' OR "{at}{qq}"' for qq in self.speaker_ids if qq.isdigit())
-            parts.append(f"who : (({who}){people})")
+        if self.speaker is not None:
+            who = match_expression(self.speaker, at)
+            people = [f'"{at}{qq}"' for qq in self.speaker_ids if qq.isdigit()]
+            if alternatives := ([f"({who})"] if who is not None else []) + people:
+                parts.append(f"who : ({' OR '.join(alternatives)})")
         if not parts:
             return None
         days = self._days()

@@ -22,6 +22,7 @@ import dataclasses
 import datetime
 import json
 import math
+import unicodedata
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -66,6 +67,9 @@ _INSERT_MESSAGE = (
 # a recent namesake counts: one stored within DEDUP_SECONDS of this one.
 SPEAKER_LABELS = 50
 """Messages read to learn who a speaker's name stands for (`Tx._speaker_ids`): the newest."""
+SPEAKER_SCAN = 2000
+"""Messages of each range (active, archived) read for a speaker whose name has no term to
+search (`Store._named`): the newest."""
 DEDUP_SECONDS = 8 * 24 * 3600.0
 """How far back a platform message id is checked for a duplicate (> the longest backfill)."""
 _SESSION_COLUMNS = "id, platform, kind, place, peer, parent, room_class, created"
@@ -596,8 +600,15 @@ class Tx:
         """The session's stored messages (active and archived, never cleared ones) matching
         `query`, best first, each with up to `context` conversation messages either side
         (`Db.search`: one statement on SQLite)."""
-        if query.speaker and not query.speaker_ids and not query.speaker.strip().isdigit():
-            query = dataclasses.replace(query, speaker_ids=await self._speaker_ids(query))
+        who = (query.speaker or "").strip()
+        if who and not query.speaker_ids and not who.isdigit():
+            # A name without a searchable character (a card of emoji or punctuation: 🌸, 。)
+            # is matched whole against the labels; nobody by that name finds nothing.
+            termless = search.match_expression(who) is None
+            ids = await (self._named(query) if termless else self._speaker_ids(query))
+            if termless and not ids:
+                return []
+            query = dataclasses.replace(query, speaker_ids=ids)
         hits: list[tuple[float, Message]] = []
         near: dict[tuple[int, int], list[Message]] = {}
         for row in await self._live().search(query, _MESSAGE_COLUMNS, context):
@@ -626,6 +637,23 @@ class Tx:
         )
         rows = await self._live().search(names, "id, role, name", 0)
         return tuple(sorted({str(r[5]) for r in rows if r[4] == "user" and str(r[5] or "").isdigit()}))
+
+    async def _named(self, query: SearchQuery) -> tuple[str, ...]:
+        """The QQ numbers labelled exactly with the speaker's name (one with no term to index),
+        in the session's newest SPEAKER_SCAN messages, active and archived."""
+        name = unicodedata.normalize("NFKC", (query.speaker or "").strip())
+        found: set[str] = set()
+        for archived in (0, 1):
+            rows = await self._fetch(
+                "SELECT content FROM messages WHERE session_id = ? AND archived = ? AND role = 'user'"
+                " ORDER BY id DESC LIMIT ?",
+                (query.session_id, archived, SPEAKER_SCAN),
+            )
+            for (content,) in rows:
+                nick, qq, _ = search.split_label(str(content))
+                if qq and nick is not None and unicodedata.normalize("NFKC", nick.strip()) == name:
+                    found.add(qq)
+        return tuple(sorted(found))
 
     async def get_settings(self, scope: str, scope_key: str) -> dict[str, Any]:
         """Every setting stored for one scope key, by name."""
