@@ -210,6 +210,28 @@ async def test_a_speaker_whose_card_has_no_letters_filters_the_search(bot: Bot) 
     assert "[🌸(20011)] 周末见" in result
 
 
+async def test_recall_shows_the_part_of_a_long_announcement_that_holds_the_words(bot: Bot) -> None:
+    """A 群公告 of a few thousand characters with its link and extraction code at the end: the
+    recall result cut the line to its head, so the model was handed the announcement's opening
+    and never the code it had looked up (issue 11: the answer the model is given contains the
+    code). The cut now keeps the part around the query's words, full-width text included."""
+    rules = "本周活动安排如下，请大家按时参加，不要迟到早退。" * 150
+    await api.record(
+        GROUP, said("群主", 20009, f"群公告：{rules}资料链接 https://pan.baidu.com/s/1Abc 提取码：q7x9")
+    )
+    await api.record(GROUP, said("群主", 20009, f"补充：{rules}备用码 ＺＺ４２"))
+    result = await recall_in_turn(bot, GROUP, {"query": "提取码"})
+    assert "提取码：q7x9" in result
+    hit = next(x for x in result.splitlines() if x.startswith("→ "))
+    assert hit.startswith("→ 2026-11-02 09:00 [群主(20009)] …")  # speaker and time kept
+    assert 1000 < len(hit) < 1600  # still within the result's budget
+    result = await recall_in_turn(bot, GROUP, {"query": "zz42"})
+    assert "备用码 ZZ42" in result
+    # Nothing to point at (a speaker-only search): the head, as before.
+    result = await recall_in_turn(bot, GROUP, {"query": "", "speaker": "20009"})
+    assert "→ 2026-11-02 09:00 [群主(20009)] 补充：本周活动" in result
+
+
 # ---- the seeded random driver -------------------------------------------------------------------
 RARE = "鳗鲶鳕鲲鹞鹧鸪鹌鹑鸬鹚麂麋獐猞猁"
 """Characters only tokens use: a token's bigrams occur nowhere else."""

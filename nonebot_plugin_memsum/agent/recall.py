@@ -12,13 +12,14 @@ Tool results are not indexed: a search never finds an earlier search's echo.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, tzinfo
 from typing import Any
 
 from nonebot_plugin_memsum import clock
 from nonebot_plugin_memsum.store import SearchHit, SearchQuery, Store
-from nonebot_plugin_memsum.store.search import match_expression, speaker_of, split_label
+from nonebot_plugin_memsum.store.search import match_expression, query_words, speaker_of, split_label
 from nonebot_plugin_memsum.types import REFUSED_TEXT, Message, is_refused
 
 from .tools import ToolContext, ToolRegistry
@@ -80,24 +81,47 @@ LINE_BREAK = " ⏎ "
 """A message's own line breaks in a result line."""
 
 
+def _parts(m: Message, zone: tzinfo | None) -> tuple[str, str]:
+    when = datetime.fromtimestamp(m.ts, zone).strftime("%Y-%m-%d %H:%M")
+    body = split_label(m.content)[2] if m.role == "user" else m.content
+    if is_refused(m):  # the provider's content review refused it: it would be refused again
+        body = REFUSED_TEXT
+    return f"{when} [{speaker_of(m.role, m.name, m.content)}] ", LINE_BREAK.join(body.splitlines())
+
+
 def line(m: Message, zone: tzinfo | None = None) -> str:
     """`时间 [昵称(ID)] 正文` (助手 and 通知 for the bot's own words and notices), the time in `zone`.
 
     One line per message: a member's second line written `2026-12-04 09:00 [群主(10001)] …`
     would otherwise read as a line the owner said, to the model and on /回忆.
     """
-    when = datetime.fromtimestamp(m.ts, zone).strftime("%Y-%m-%d %H:%M")
-    body = split_label(m.content)[2] if m.role == "user" else m.content
-    if is_refused(m):  # the provider's content review refused it: it would be refused again
-        body = REFUSED_TEXT
-    return f"{when} [{speaker_of(m.role, m.name, m.content)}] {LINE_BREAK.join(body.splitlines())}"
+    return "".join(_parts(m, zone))
+
+
+def excerpt(m: Message, words: Sequence[str], size: int, zone: tzinfo | None = None) -> str:
+    """A hit too long for the result, as `→ 时间 [昵称(ID)] …正文…` of about `size` characters: the
+    part around the first of the query words it holds (a long announcement's extraction code is
+    at its end), its head when none is found."""
+    head, body = _parts(m, zone)
+    room = max(1, size - len(head) - 2)
+    if words and not any(w in body.lower() for w in words):
+        body = unicodedata.normalize("NFKC", body)  # full-width text holds the words only normalised
+    found = [i for w in words if (i := body.lower().find(w)) >= 0]
+    start = max(0, min(min(found) - room // 4, len(body) - room)) if found else 0
+    piece = body[start : start + room]
+    return f"→ {head}{'…' if start else ''}{piece}{'…（过长，已截断）' if start + room < len(body) else ''}"
 
 
 def render(
-    hits: Sequence[SearchHit], budget: int, estimate: Callable[[str], int], zone: tzinfo | None = None
+    hits: Sequence[SearchHit],
+    budget: int,
+    estimate: Callable[[str], int],
+    zone: tzinfo | None = None,
+    words: Sequence[str] = (),
 ) -> str:
     """Best hits first, each with its neighbours in time order, within `budget` tokens. A hit
-    whose neighbours do not fit comes alone; a line already shown is not repeated."""
+    whose neighbours do not fit comes alone; a line already shown is not repeated; the best hit
+    alone over the budget comes as the part of it around the query `words` (`excerpt`)."""
     shown: set[int | None] = set()
     blocks: list[str] = []
     used = 0
@@ -117,7 +141,7 @@ def render(
                 break
         else:
             if not blocks:  # the best hit alone is over the budget: its head rather than nothing
-                blocks.append(("→ " + line(hit.message, zone))[: max(1, budget)] + "…（过长，已截断）")
+                blocks.append(excerpt(hit.message, words, budget, zone))
                 shown.add(hit.message.id)
                 used = budget
     if not blocks:
@@ -158,4 +182,4 @@ def register_recall_tool(
         except ValueError as err:
             return f"错误：{err}"
         hits = await store.search(query, context=CONTEXT_LINES)
-        return render(hits, RESULT_TOKENS, estimate, zone)
+        return render(hits, RESULT_TOKENS, estimate, zone, query_words(query.text))
