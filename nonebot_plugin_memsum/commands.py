@@ -406,7 +406,7 @@ def parse_recall(
     if len(speakers) > 1:
         raise ValueError("一次只能指定一个人")
     if since is not None and until is not None and until <= since:
-        raise ValueError("日期范围的结束早于开始")
+        raise ValueError(recall.BACKWARDS)
     speaker = speakers[0] if speakers else None
     query = SearchQuery(session_id, " ".join(keywords), speaker, since, until, RECALL_LIMIT)
     if match_expression(query.text) is None and not speaker:

@@ -329,6 +329,9 @@ async def test_recall_tool_returns_lines_of_its_own_session(store: Store) -> Non
     assert await tools.call(ToolContext(GROUP), "recall", '{"query": "？！"}') == f"错误：{NO_TERMS}"
     bad = await tools.call(ToolContext(GROUP), "recall", '{"query": "链接", "since": "上周"}')
     assert bad.startswith("错误：日期「上周」")
+    # The model swapped the dates: told so, as /回忆 tells a person, not 「没有找到」.
+    swapped = '{"query": "链接", "since": "2026-11-03", "until": "2026-11-02"}'
+    assert await tools.call(ToolContext(GROUP), "recall", swapped) == "错误：日期范围的结束早于开始"
 
 
 def test_recall_arguments() -> None:

@@ -31,6 +31,7 @@ MAX_LIMIT = 20
 CONTEXT_LINES = 1
 NOTHING = "没有找到相关的聊天记录。"
 NO_TERMS = "关键词里没有可以搜索的文字（需要汉字、字母或数字）。"
+BACKWARDS = "日期范围的结束早于开始"
 _DAY = re.compile(r"^(\d{4})-(\d{1,2})-(\d{1,2})(?:[ T](\d{1,2}):(\d{2}))?$")
 
 # Sent with every chat request (issue 9): short; how to read a result is said in the result.
@@ -159,12 +160,16 @@ def query_of(session_id: str, args: dict[str, Any], zone: tzinfo | None = None) 
         limit = int(args.get("limit") or DEFAULT_LIMIT)
     except (TypeError, ValueError):
         raise ValueError("limit 须是整数") from None
+    since = parse_time(str(args["since"]), zone=zone) if args.get("since") else None
+    until = parse_time(str(args["until"]), end=True, zone=zone) if args.get("until") else None
+    if since is not None and until is not None and until <= since:
+        raise ValueError(BACKWARDS)  # as /回忆 says it: "nothing found" would mislead the model
     return SearchQuery(
         session_id=session_id,
         text=text,
         speaker=speaker.lstrip("@") if speaker else None,
-        since=parse_time(str(args["since"]), zone=zone) if args.get("since") else None,
-        until=parse_time(str(args["until"]), end=True, zone=zone) if args.get("until") else None,
+        since=since,
+        until=until,
         limit=max(1, min(limit, MAX_LIMIT)),
     )
 
