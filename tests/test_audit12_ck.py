@@ -22,6 +22,13 @@ reconnect, and is checked:
 - the session setting is the old or the new value;
 - a clear is all or nothing;
 - the restarted runtime works: a new turn answers and a new compression commits.
+
+The OneBot half: bot.py as a real process (tests/fakes/killshim.py counts its writes the same
+way) with the OneBot simulator over the real WebSocket, killed before each write of a
+question's path (its record, the answer's commit with its `sending` mark, the answer's message
+id, the batched `sent` mark), then restarted: every member message stored once (the backfill
+brings back what the kill lost), the question answered exactly once, the bot's answer stored
+once (the backfill sees it in the group's history).
 """
 
 from __future__ import annotations
@@ -45,9 +52,11 @@ from nonebot_plugin_memsum.compression.service import DIVIDER, DUE_NAMESPACE
 from nonebot_plugin_memsum.config import Config
 from nonebot_plugin_memsum.runtime import Runtime
 from nonebot_plugin_memsum.types import Message
-from tests.fakes.e2e import until
+from tests.fakes.botproc import BotProcess
+from tests.fakes.e2e import SELF_ID, query, until, wait_log
 from tests.fakes.killpoint_worker import PERSONA, SUMMARY, A, B, C, D, config
 from tests.fakes.llm_server import Reply, ScriptedLLM
+from tests.fakes.onebot import OneBotSim, at, text
 
 WORKER = Path(__file__).parent / "fakes" / "killpoint_worker.py"
 REPO = Path(__file__).resolve().parents[1]
@@ -356,3 +365,136 @@ async def test_issue_15_r_run_11_a_kill_before_every_write_then_a_restart(
         status, lines = await asyncio.to_thread(zygote.run, n, db, out)
         assert status == 137, f"point {n} ({writes[n - 1]}) was not reached: {lines}"
         await check_point(n, db, lines, model, before)
+
+
+# ---- the OneBot half: bot.py as a real process, killed before chosen writes ----------------
+# The simulator answers `get_group_msg_history` as NapCat does and keeps what the bot sent
+# (tests/fakes/onebot.py cites NapCat's source for both), so a restart's backfill sees the
+# answer a kill may have cut between its send and the store's note of its message id.
+SHIM = Path(__file__).parent / "fakes" / "killshim.py"
+GROUP = 7301
+BOT_PERSONA = "你是崩溃点测试群里的助手小记。"
+BOT_ANSWER = "今天是十二月五日。"
+
+
+def bot_env(llm: ScriptedLLM) -> dict[str, str]:
+    return {"MEMSUM_MODELS": json.dumps([llm.model_config("test/model")]), "MEMSUM_PERSONA": BOT_PERSONA}
+
+
+async def bot_life(bot: BotProcess, sim: OneBotSim, kill_at: int, log: Path) -> int:
+    """Life 1: a greeting, a question to the bot, its answer, a thanks; killed before write
+    `kill_at` (0: SIGKILLed once it is all done). The question's message id."""
+    bot.wrapper = (sys.executable, str(SHIM), str(kill_at), str(log))
+    await bot.start()
+    await sim.connect()
+    await wait_log(bot, f"Bot {SELF_ID} connected")
+    await sim.group_message(GROUP, 20001, "大家好", nickname="甲")
+    question = await sim.group_message(GROUP, 20002, [at(SELF_ID), text(" 今天几号？")], nickname="乙")
+
+    async def answered_or_dead() -> bool:
+        return bool(answers_to(sim, question)) or not bot.running
+
+    await until(answered_or_dead, "the answer (or the kill)", within=15)
+    await sim.group_message(GROUP, 20001, "谢谢", nickname="甲")
+
+    async def thanked_or_dead() -> bool:
+        return not bot.running or await _stored(bot, "[甲(20001)] 谢谢")
+
+    await until(thanked_or_dead, "the thanks stored (or the kill)", within=15)
+    await asyncio.sleep(1.2)  # the batched `sent` mark and ledger (LEDGER_DELAY) may come next
+    if bot.running:
+        await bot.kill()
+    await asyncio.wait_for(sim.disconnected.wait(), 15)
+    return question
+
+
+def answers_to(sim: OneBotSim, message_id: int) -> list[Any]:
+    """Sends that quote `message_id` (a group answer quotes its question)."""
+    return [
+        c
+        for c in sim.calls
+        if c.action in {"send_msg", "send_group_msg"}
+        and any(
+            seg.get("type") == "reply" and str(seg["data"]["id"]) == str(message_id)
+            for seg in (c.params.get("message") or [])
+            if isinstance(seg, dict)
+        )
+    ]
+
+
+async def bot_point(tmp: Path, llm: ScriptedLLM, n: int) -> list[str]:
+    """One point: life 1 killed before write `n`, life 2 a plain restart; checked after it.
+    What life 1 wrote (`N SQL` lines; `kill N SQL` for the point)."""
+    log = tmp / "writes.log"
+    bot = BotProcess(tmp / "bot", env=bot_env(llm), log_level="INFO")
+    sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+    try:
+        question = await bot_life(bot, sim, n, log)
+        bot.wrapper = ()
+        await bot.start()
+        await sim.connect()
+        await wait_log(bot, f"Bot {SELF_ID} connected")
+        await wait_log(bot, "memsum: backfill of 10000")
+
+        async def answered() -> bool:
+            return bool(answers_to(sim, question))
+
+        await until(answered, f"the question answered (point {n})", within=15)
+        await asyncio.sleep(1.5)  # a second answer would come now
+        await bot.stop()
+        where = f"bot.py killed before write {n}"
+        assert (await query(bot.db_path, "PRAGMA integrity_check")) == [("ok",)], where
+        said = [r[0] for r in await query(bot.db_path, "SELECT content FROM messages WHERE role = 'user'")]
+        for content in ("[甲(20001)] 大家好", "[乙(20002)] @小记(10000) 今天几号？", "[甲(20001)] 谢谢"):
+            assert said.count(content) == 1, f"{where}: {content} stored {said.count(content)} times: {said}"
+        # Issue 15: answered once, across the kill; the bot's words stored once (not again by
+        # the backfill, which sees them in the group's history).
+        assert len(answers_to(sim, question)) == 1, where
+        words = await query(bot.db_path, "SELECT content, platform_id FROM messages WHERE role = 'assistant'")
+        assert [w for w, _ in words].count(BOT_ANSWER) == 1, f"{where}: the answer stored as {words}"
+    finally:
+        if bot.running:
+            await bot.kill()
+        await sim.close()
+    return log.read_text(encoding="utf-8").splitlines() if log.exists() else []
+
+
+@pytest.fixture
+def bot_llm(llm: ScriptedLLM) -> Iterator[ScriptedLLM]:
+    llm.reset()
+    llm.on_request(
+        lambda b: Reply(BOT_ANSWER) if b["messages"][0]["content"] == BOT_PERSONA else Reply(SUMMARY)
+    )
+    yield llm
+    llm.reset()
+
+
+async def _stored(bot: BotProcess, content: str) -> bool:
+    return bool(await query(bot.db_path, "SELECT 1 FROM messages WHERE content = ?", content))
+
+
+async def test_issue_15_bot_py_killed_before_each_write_of_a_question_and_its_answer(
+    tmp_path: Path, bot_llm: ScriptedLLM
+) -> None:
+    # A clean life lists the writes; then a kill before each write of the question's path:
+    # its record, the answer's commit with its `sending` mark, the answer's message id, the
+    # batched `sent` mark (bot.py starts twice per point: four points, not every write).
+    writes = await bot_point(tmp_path / "clean", bot_llm, 0)
+    wanted = {
+        "the question's record": "今天几号",
+        "the answer's commit": "'sending'",
+        "the answer's message id": "SET platform_id",
+        "the sent mark": "SET state = 'sent'",
+    }
+    points: dict[str, int] = {}
+    for what, needle in wanted.items():
+        at_write = next((int(w.split()[0]) for w in writes if needle in w), None)
+        assert at_write is not None, f"{what} not among the writes:\n" + "\n".join(writes)
+        # The answer's mark is inside its transaction: the kill goes before that COMMIT.
+        points[what] = at_write + 1 if needle == "'sending'" else at_write
+    for what, n in points.items():
+        lines = await bot_point(tmp_path / f"p{n}", bot_llm, n)
+        assert lines, what
+        assert lines[-1].startswith(f"kill {n} "), (what, lines[-3:])
+        if what == "the answer's commit":
+            assert lines[-1] == f"kill {n} COMMIT", lines[-3:]
