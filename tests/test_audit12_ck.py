@@ -498,3 +498,50 @@ async def test_issue_15_bot_py_killed_before_each_write_of_a_question_and_its_an
         assert lines[-1].startswith(f"kill {n} "), (what, lines[-3:])
         if what == "the answer's commit":
             assert lines[-1] == f"kill {n} COMMIT", lines[-3:]
+
+
+async def test_issue_15_a_question_asked_while_a_compression_ran_is_still_answered_after_the_restart(
+    tmp_path: Path, llm: ScriptedLLM
+) -> None:
+    # The kill (or stop) lands while a compression waits for the summariser, after a member
+    # asked the bot something: the store holds the compression's due mark and the unanswered
+    # question. Start-up re-runs the compression first; the question must still get its turn
+    # "exactly as if the process had not died" (issue 15 item 1): had it not died, the run's
+    # snapshot predates the question, which stays active and is answered.
+    db = tmp_path / "memsum.db"
+    llm.on_request(lambda b: Reply(ANSWER) if is_chat(b) else None)
+    llm.default = Reply(SUMMARY)
+    cfg = Config.model_validate(config(json.dumps(llm.model_config(context_window=16000))))
+    group = api_group()
+    rt = await runtime.build(cfg, db, [], set())
+    try:
+        for n in range(4):
+            await rt.agent.record(
+                group, Message(role="user", content=f"[甲(20001)] 闲聊第{n}句", name="20001")
+            )
+        with llm.gate(holds=lambda b: not is_chat(b)) as gate:
+            running = asyncio.create_task(rt.compression.compress(A))
+            await gate.reached()
+            asked = Message(
+                role="user",
+                content="[乙(20002)] @小记(10000) 明天开会吗？",
+                name="20002",
+                platform_id="q1",
+                addressed=True,
+            )
+            await rt.agent.record(group, asked)
+            await runtime.close(rt)  # the stop (a SIGKILL leaves the same rows: tested above)
+            await asyncio.gather(running, return_exceptions=True)
+    finally:
+        await runtime.close(rt)
+    assert meta(db, DUE_NAMESPACE, A) is not None, "the cut compression is marked for the next start"
+    rt = await restart(db, llm)
+    try:
+        assert meta(db, "summary", A) is not None, "start-up re-ran the compression"
+        sent: list[str] = []
+        await answer_pending(rt, sent)
+        assert sent == [ANSWER], "the question asked before the stop is answered after the restart"
+        chat = [b for b in llm.requests if is_chat(b)]
+        assert "明天开会吗" in chat[-1]["messages"][-1]["content"], "the model reads the question verbatim"
+    finally:
+        await runtime.close(rt)

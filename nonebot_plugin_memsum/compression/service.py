@@ -203,7 +203,8 @@ class _Run:
     in_turn: bool = False
     """Run by the session's own turn, which holds the turn lock (`make_room`)."""
     question: int | None = None
-    """In a turn: the stored id of its earliest unanswered question; the span ends before it."""
+    """In a turn (or a run resumed at start-up): the stored id of its earliest unanswered
+    question; the span ends before it."""
     entry: Entry | None = None
     """In a turn: the entry of the request it makes room for."""
     clear_mark: Any = None
@@ -292,6 +293,9 @@ class CompressionService:
     queued run needless (R-TRIG-5: a usage overtaken by a compression or clear is not judged)."""
     _marked: set[str] = field(default_factory=set)
     """Sessions whose due mark is stored."""
+    _resumed: set[str] = field(default_factory=set)
+    """Sessions whose run `resume` queued again: it ends before the questions the stop or
+    crash left unanswered (issue 15: answered as if the process had not died)."""
     _slots: int = 0
     """Queue workers running (at most memsum_compress_concurrency)."""
 
@@ -347,6 +351,7 @@ class CompressionService:
         due = {k: v for k, v in (await self.store.list_meta(DUE_NAMESPACE)).items() if k.startswith(prefix)}
         for session_id, mark in sorted(due.items(), key=lambda kv: float(kv[1].get("due", 0))):
             self._marked.add(session_id)
+            self._resumed.add(session_id)
             self._enqueue(session_id, float(mark.get("due", 0)))
         return len(due)
 
@@ -690,7 +695,24 @@ class CompressionService:
     async def _background_run(self, session_id: str) -> None:
         if session_id in self._runs:  # R-PROG-3: the background skips
             return
-        await self._run_counted(session_id, _Run())
+        question = await self._left_unanswered(session_id) if session_id in self._resumed else None
+        self._resumed.discard(session_id)
+        await self._run_counted(session_id, _Run(question=question))
+
+    async def _left_unanswered(self, session_id: str) -> int | None:
+        """The earliest question within the resume window the session has no answer to yet.
+        A run cut by a stop or crash took its snapshot before such a question came; run again
+        at start-up it ends before it (as a turn's own run does), so the question stays active
+        for the turn that answers it (`Store.pending_questions` reads active messages only):
+        archived, it was never answered."""
+        window = self.config.memsum_resume_window
+        if window <= 0:
+            return None
+        try:
+            found = await self.store.pending_questions(clock.now() - window, session_id)
+        except StoreError:
+            return None  # the run reads the history next and reports the store's failure
+        return next((m.id for sid, m in found if sid == session_id and m.id is not None), None)
 
     async def _run_counted(self, session_id: str, run: _Run) -> CompressionResult | None:
         """A run nobody awaits the error of: a failure backs off (R-BACK-3); None then."""
