@@ -167,6 +167,8 @@ async def resume(rt: Runtime) -> None:
             f"memsum: {resumed} interrupted compressions queued again; {len(cut)} replies were being"
             " sent when the last run stopped (not sent again)"
         )
+    for session_id, upto in cut:  # settled: the next start reports only what its last run cut
+        rt.store.mark_sent(session_id, upto)
 
 
 def _defer_sigterm(rt: Runtime) -> None:

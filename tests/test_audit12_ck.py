@@ -56,6 +56,7 @@ from tests.fakes.botproc import BotProcess
 from tests.fakes.e2e import SELF_ID, query, until, wait_log
 from tests.fakes.killpoint_worker import PERSONA, SUMMARY, A, B, C, D, config
 from tests.fakes.llm_server import Reply, ScriptedLLM
+from tests.fakes.logs import captured
 from tests.fakes.onebot import OneBotSim, at, text
 
 WORKER = Path(__file__).parent / "fakes" / "killpoint_worker.py"
@@ -545,3 +546,31 @@ async def test_issue_15_a_question_asked_while_a_compression_ran_is_still_answer
         assert "明天开会吗" in chat[-1]["messages"][-1]["content"], "the model reads the question verbatim"
     finally:
         await runtime.close(rt)
+
+
+async def test_issue_15_a_reply_cut_by_a_kill_is_reported_at_the_next_start_only(
+    tmp_path: Path, llm: ScriptedLLM
+) -> None:
+    # The kill lands before the batched `sent` mark (the point "the sent mark" above): the
+    # reply stays `sending`. The next start says so once ("not sent again"); a later restart,
+    # after a life in which nothing was cut, must not report the same reply again.
+    db = tmp_path / "memsum.db"
+    cfg = Config.model_validate(config(json.dumps(llm.model_config(context_window=16000))))
+    rt = await runtime.build(cfg, db, [], set())
+    try:
+        stored = await rt.agent.record(
+            api_group(), Message(role="user", content="[甲(20001)] 在吗", name="20001")
+        )
+        assert stored.id is not None
+        await rt.store.mark_reply(A, stored.id, "sending")  # the answer went out; the kill came next
+    finally:
+        await runtime.close(rt)
+    for life, expected in (("the first restart", 1), ("a later restart", 0)):
+        with captured("INFO") as lines:
+            rt = await runtime.build(cfg, db, [], set())
+            try:
+                await runtime.resume(rt)
+            finally:
+                await runtime.close(rt)
+        cut = [line for line in lines if "replies were being sent" in line]
+        assert len(cut) == expected, f"{life}: {cut}"
