@@ -5,6 +5,7 @@ from hypothesis import strategies as st
 
 from nonebot_plugin_memsum.agent.prompt import (
     ANSWERED_LAST,
+    Prompt,
     _sendable_checked,
     assemble,
     contribution_order,
@@ -16,6 +17,7 @@ from nonebot_plugin_memsum.agent.prompt import (
     to_openai,
     trim_budget,
 )
+from nonebot_plugin_memsum.llm.tokens import MESSAGE_OVERHEAD, REQUEST_OVERHEAD
 from nonebot_plugin_memsum.types import CONVERSATION_ROLES, Message, ToolCall
 
 
@@ -199,6 +201,35 @@ def test_a_prompt_never_ends_with_the_assistants_own_answer() -> None:
     )
     assert ends_with_user.messages[-1]["role"] == "user"
     assert ANSWERED_LAST not in [m["content"] for m in ends_with_user.messages]
+
+
+def test_r_bud_the_notice_after_the_bots_own_answer_is_counted_before_the_trim() -> None:
+    """The notice that follows a history ending with the bot's answer was added after the
+    trim: a history that just fit went out over the budget by the notice's size (audit 11's
+    random driver saw a request 14 tokens over a 4,000-token window)."""
+    answered = Message(role="assistant", content="答", id=9)
+    history = [*map(user, range(12)), answered]
+    notice = len(ANSWERED_LAST) + MESSAGE_OVERHEAD
+    exact = REQUEST_OVERHEAD + len("persona") + MESSAGE_OVERHEAD + sum(est(m) for m in history)
+
+    def at(budget: int) -> Prompt:
+        return assemble(
+            ["persona"], history, history_limit=0, trim_budget=budget, estimate_msg=est, estimate_text=len
+        )
+
+    roomy = at(exact + notice)
+    assert (roomy.trimmed, roomy.estimate, roomy.messages[-1]["content"]) == (
+        False,
+        exact + notice,
+        ANSWERED_LAST,
+    )
+    tight = at(exact)  # fit without the notice: the oldest message goes to make room for it
+    assert tight.trimmed
+    assert tight.estimate <= exact
+    assert tight.history[-1] is answered
+    assert tight.messages[-1]["content"] == ANSWERED_LAST
+    sent = REQUEST_OVERHEAD + len("persona") + MESSAGE_OVERHEAD + est(answered) * len(tight.history) + notice
+    assert tight.estimate == sent
 
 
 def test_r_inj_1_summary_last_after_every_context_contribution() -> None:

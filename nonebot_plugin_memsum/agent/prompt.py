@@ -262,6 +262,12 @@ def assemble(
     counted = sendable(_count_trim(conv, history_limit))
     fixed = REQUEST_OVERHEAD + tools_tokens
     fixed += sum(estimate_text(p) + MESSAGE_OVERHEAD for p in system_parts if p)
+    # Messages that came in while the last answer was being written are stored before it;
+    # some APIs refuse a prompt that ends with the assistant, and the model would read the
+    # question as answered: a notice follows it, counted before the trim so the request fits.
+    answered_last = bool(counted) and counted[-1].role == "assistant" and not counted[-1].tool_calls
+    notice = estimate_text(ANSWERED_LAST) + MESSAGE_OVERHEAD if answered_last else 0
+    fixed += notice
     # The stored estimate read here, not through a call per message: every turn costs the
     # whole active history.
     costs = [m.tokens if m.tokens is not None else estimate_msg(m) for m in counted]
@@ -273,16 +279,12 @@ def assemble(
         kept_tokens = estimate_msg(kept[0])
     messages = [{"role": "system", "content": p} for p in system_parts if p]
     messages += [to_openai(m) for m in kept] if wire is None else wire(kept)
-    if kept and kept[-1].role == "assistant" and not kept[-1].tool_calls:
-        # Messages that came in while the last answer was being written are stored
-        # before it; some APIs refuse a prompt that ends with the assistant, and the
-        # model would read the question as answered.
+    if answered_last and kept:  # kept is a tail of counted: it ends with that answer
         messages.append({"role": "user", "content": ANSWERED_LAST})
-        kept_tokens += estimate_text(ANSWERED_LAST) + MESSAGE_OVERHEAD
     return Prompt(
         messages=messages,
         history=kept,
-        estimate=fixed + kept_tokens,
+        estimate=fixed + kept_tokens - (0 if kept else notice),
         untrimmed_history=untrimmed,
         trimmed=trimmed,
         conversation=len(conv),
