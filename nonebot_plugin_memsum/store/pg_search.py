@@ -20,7 +20,8 @@ writing, ids commit out of order, so a batch watermark as on SQLite would skip r
 from __future__ import annotations
 
 import hashlib
-import unicodedata
+import re
+import string
 from collections.abc import Sequence
 
 from . import search
@@ -154,15 +155,31 @@ def tsquery(query: search.SearchQuery) -> str | None:
     return " & ".join([*parts, f"{_quote(session)}:B"])
 
 
-def _tf(count: int) -> float:
-    return count * (search.BM25_K1 + 1) / (count + search.BM25_K1)  # bm25's saturation
+_TF_A = float(f"{search.BM25_K1 + 1:g}")
+_TF_B = float(f"{search.BM25_K1 * (search.BM25_K1 + 1):g}")
+"""bm25's saturation c·(k1 + 1)/(c + k1) as SQLite's statement writes it: a − b/(c + k1), with
+the constants as its text carries them, so both engines compute the very same floats."""
+_LABELLED = re.compile(r"\[.*\([0-9].*\)\].*", re.DOTALL)
+"""SQLite's `GLOB '[[]*([0-9]*)]*'`: a user message that starts with a `[昵称(ID)]` label."""
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+
+
+def ranked_body(role: str, content: str) -> str:
+    """The text a candidate is ranked on, exactly as SQLite's statement takes it
+    (`search._BODY`): a user message without its label (up to the first `]`, then the
+    spaces), lower-cased as SQLite's lower() does (ASCII letters only, no NFKC)."""
+    if role == "user" and _LABELLED.fullmatch(content):
+        content = content[content.index("]") + 1 :].lstrip(" ")
+    return content.translate(_ASCII_LOWER)
 
 
 def relevance(words: Sequence[str], role: str, content: str) -> float:
     """How well a candidate matches the query words (higher is better): the ranking SQLite's
     statement computes (`search.search_statement`: each word's count saturated as bm25
-    does, summed, times the length prior), here in Python over the candidates' texts."""
-    body = search.split_label(content)[2] if role == "user" else content
-    norm = unicodedata.normalize("NFKC", body).lower()
-    prior = min(len(norm), search.PRIOR_CHARS) / search.PRIOR_CHARS
-    return sum(_tf(max(1, norm.count(w))) for w in words) * prior
+    does, summed, times the length prior), here in Python over the candidates' texts, on
+    the same text and in the same float operations, so both engines rank alike."""
+    body = ranked_body(role, content)
+    total = 0.0
+    for w in words:
+        total += _TF_A - _TF_B / (max(1, body.count(w)) + search.BM25_K1)
+    return total * min(len(body), search.PRIOR_CHARS) / float(search.PRIOR_CHARS)
