@@ -25,18 +25,492 @@ migrated store must keep matching.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import json
+import random
+import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from nonebot_plugin_memsum.store import SearchQuery, open_store
+from nonebot_plugin_memsum import api, clock, runtime, usage
+from nonebot_plugin_memsum.compression.service import CLEARS_NAMESPACE, RUNS_NAMESPACE
+from nonebot_plugin_memsum.runtime import Runtime
+from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE, SearchQuery, Store, open_store
+from nonebot_plugin_memsum.store.migrate import migrate
 from nonebot_plugin_memsum.types import Message, SessionRecord
+from tests.fakes.llm_server import Reply
+from tests.fakes.pgdb import raw
+from tests.fakes.pgserver import PgServer
+from tests.fakes.service import Env, Make, settle, user_of
 
 GROUP = SessionRecord(
     id="onebot:group:6001", platform="onebot", kind="group", place="group:6001", room_class="room"
 )
+FRIEND = SessionRecord(
+    id="onebot:private:20003", platform="onebot", kind="private", peer="20003", room_class="direct"
+)
+TASK = SessionRecord(id="plugin:digest:1", platform=None, kind="internal")
+CHILD = SessionRecord(id="plugin:digest:1:sub", platform=None, kind="child", parent=TASK.id)
+SESSIONS = (GROUP, FRIEND, TASK, CHILD)
+ENTRY = {GROUP.id: api.Entry("onebot", "group"), FRIEND.id: api.Entry("onebot", "private")}
+SPEAKERS = (("阿明", "20001"), ("小红", "20002"), ("Tom", "20003"), ("老王🍉", "20004"))
+LINES = (
+    "周末去爬山吗",
+    "服务器又重启了，Redis 挂了",
+    "网盘提取码是 x7k9，链接在群文件",
+    "发布说明还没写完",
+    "ＡＢＣ abc 的测试跑通了",
+    "团建改到农家乐，周六早上八点集合",
+    "Wi-Fi 密码 CAFE2024",
+    "报销单要签字，找财务",
+    "爬山爬山，我也去",
+    "明天下雨吗",
+)
+WORDS = ("爬山", "提取码", "x7k", "abc", "服务器", "周六", "签字", "山", "cafe2024", "Redis 重启", "20002")
+CHAT_WINDOW = 3000
+SUMMARY_WINDOW = 5000
 T0 = 1_780_000_000.0
+
+
+class Models:
+    """What one model server answers: drawn from a generator of the seed, one draw per request,
+    so two servers given the same requests answer the same."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.summaries = 0
+
+    def summary(self, body: dict[str, Any]) -> Reply:
+        roll = self.rng.random()
+        if roll < 0.12:
+            return Reply(status=400, error="scripted summariser failure")
+        self.summaries += 1
+        offered = re.findall(r"^#(\d+)〔", user_of(body), re.MULTILINE)
+        keep = [n for n in offered if self.rng.random() < 0.25]
+        work = "最近在聊什么" not in body["messages"][0]["content"]
+        head = "## 目标\n整理周报" if work else "## 最近在聊什么\n大家在约周末的事"
+        rest = (
+            "## 做过的决定\n无\n## 改过的文件\n无\n## 未完成的事\n无"
+            if work
+            else "## 谁有问题没回应\n无\n## 关键原话要点\n无"
+        )
+        return Reply(f"【保留原文】{'、'.join(keep) or '无'}\n{head}（第{self.summaries}次）\n{rest}")
+
+    def chat(self, body: dict[str, Any]) -> Reply:
+        roll = self.rng.random()
+        if roll < 0.1:
+            return Reply(status=400, error="scripted chat failure")
+        last = body["messages"][-1]
+        if roll < 0.25 and body.get("tools") and last.get("role") == "user":
+            word = self.rng.choice(WORDS)
+            args = json.dumps({"query": word}, ensure_ascii=False)
+            call = {"id": f"call_{self.rng.randrange(10**6)}", "name": "recall", "arguments": args}
+            return Reply("", tool_calls=[call], finish_reason="tool_calls")
+        return Reply(f"好的，第{self.rng.randrange(1000)}号回答" + "嗯" * self.rng.randrange(40))
+
+
+# ---- normalising what differs legitimately (row ids) -----------------------------------------
+class Names:
+    """Message ids as their place in one store's storage order (each side has its own)."""
+
+    def __init__(self) -> None:
+        self.by_id: dict[int, int] = {}
+
+    def of(self, msg_id: int | None) -> int | None:
+        if msg_id is None:
+            return None
+        if msg_id not in self.by_id:
+            self.by_id[msg_id] = len(self.by_id)
+        return self.by_id[msg_id]
+
+    async def learn(self, store: Store) -> None:
+        for (msg_id,) in await raw(store.location, "SELECT id FROM messages ORDER BY id"):
+            self.of(int(msg_id))
+
+
+def message(m: Message, names: Names) -> tuple[Any, ...]:
+    return (
+        names.of(m.id),
+        m.role,
+        m.content,
+        m.name,
+        m.tool_calls,
+        m.tool_call_id,
+        m.ts,
+        dict(m.metadata),
+        m.event_marker,
+        m.tokens,
+        m.platform_id,
+        m.addressed,
+        m.withdrawn,
+    )
+
+
+def plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, float):
+        return round(value, 9)
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value
+
+
+@contextlib.contextmanager
+def using(rt: Runtime) -> Iterator[None]:
+    """`api` calls `runtime.get()`: here it answers the side's runtime."""
+    original = runtime.get
+    runtime.get = lambda: rt  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        runtime.get = original  # type: ignore[assignment]
+
+
+async def observe(rt: Runtime, names: Names) -> dict[str, Any]:
+    """Everything a user, a plugin or the owner's page can read of the store now."""
+    with using(rt):
+        return await _observe(rt, names)
+
+
+async def _observe(rt: Runtime, names: Names) -> dict[str, Any]:
+    store = rt.store
+    # What waits in memory on SQLite (a shared store writes it at once): the page writes it too.
+    await store.flush_ledger()
+    await rt.compression.write_usage()
+    await names.learn(store)
+    seen: dict[str, Any] = {}
+    for s in SESSIONS:
+        sid = s.id
+        seen[f"{sid} record"] = plain(await store.get_session(sid))
+        seen[f"{sid} active"] = [message(m, names) for m in await api.history(sid)]
+        seen[f"{sid} archived"] = [message(m, names) for m in await store.get_archived(sid)]
+        seen[f"{sid} summary"] = plain(await store.get_meta(SUMMARY_NAMESPACE, sid))
+        seen[f"{sid} status"] = plain(await api.status(sid))
+        seen[f"{sid} line"] = await api.compress_at(sid)
+        seen[f"{sid} compressions"] = plain(await store.compressions(sid))
+        seen[f"{sid} usage"] = await store.usage_totals(sid)
+        seen[f"{sid} series"] = plain(await store.usage_series(sid, "chat"))
+        seen[f"{sid} count"] = await store.count_active(sid)
+        seen[f"{sid} runs"] = plain(await store.get_meta(RUNS_NAMESPACE, sid))
+        seen[f"{sid} todos"] = plain(await api.todos(sid))
+    # Every metadata row (summaries, back-off, latest usage, run records, due marks): but the
+    # clear marks, which only a shared store (PostgreSQL) keeps for the other processes.
+    meta = await raw(store.location, "SELECT namespace, key, value FROM metadata")
+    # A turn's id is a random uuid on each side: only whether there is one.
+    seen["metadata"] = sorted(
+        (
+            ns,
+            k,
+            {**d, "turn_id": bool(d["turn_id"])}
+            if isinstance(d := json.loads(v), dict) and "turn_id" in d
+            else d,
+        )
+        for ns, k, v in meta
+        if ns != CLEARS_NAMESPACE
+    )
+    seen["usage of the group"] = plain(await usage.load(store, "onebot:group:6001", None))
+    seen["settings"] = plain(await store.all_settings())
+    seen["usage rows"] = plain(await store.usage_rows(None, None))
+    seen["usage rows of the group"] = plain(await store.usage_rows("onebot:group:6001", T0))
+    seen["usage by day"] = plain(await store.usage_by_day(0.0, utc_offset=8 * 3600))
+    # Listed in no particular order (the page sorts it by its columns).
+    overview = sorted(await store.session_overview("chat"), key=lambda a: a.session_id)
+    seen["overview"] = plain(overview)
+    seen["last compressions"] = plain(await store.last_compressions())
+    return seen
+
+
+def hits(found: list[api.SearchHit], names: Names) -> list[Any]:
+    return [
+        (
+            message(h.message, names),
+            round(h.score, 9),
+            [message(m, names) for m in h.before],
+            [message(m, names) for m in h.after],
+            sorted(n for i in h.withdrawn if (n := names.of(i)) is not None),
+        )
+        for h in found
+    ]
+
+
+# ---- one side of the comparison ---------------------------------------------------------------
+@dataclasses.dataclass
+class Side:
+    env: Env
+    models: Models
+    names: Names = dataclasses.field(default_factory=Names)
+    seen_requests: int = 0
+
+    def new_requests(self) -> list[dict[str, Any]]:
+        requests = list(self.env.model.llm.requests)
+        fresh, self.seen_requests = requests[self.seen_requests :], len(requests)
+        return fresh
+
+
+Step = Callable[[Side], Any]
+
+
+async def perform(side: Side, step: dict[str, Any]) -> Any:
+    """One step of the sequence on one side; what it returned or raised."""
+    rt = side.env.rt
+    try:
+        with using(rt):
+            return await _perform(side, step)
+    except Exception as err:  # the error is what is compared
+        return ("raised", type(err).__name__, str(err))
+    finally:
+        await settle(rt)
+
+
+async def _perform(side: Side, step: dict[str, Any]) -> Any:
+    rt = side.env.rt
+    # A named regression scripts the model's next answers itself (both sides alike).
+    side.env.model.chat.extend(step.get("chat", ()))
+    side.env.model.summary.extend(step.get("summary", ()))
+    op = step["op"]
+    sid = step.get("sid", "")
+    session = next((s for s in SESSIONS if s.id == sid), None)
+    if op == "record":
+        assert session is not None
+        out = []
+        for text, name, pid in step["messages"]:
+            stored = await api.record(
+                session, Message(role="user", content=text, name=name, platform_id=pid, addressed=True)
+            )
+            out.append(message(stored, side.names))
+        return out
+    if op == "turn":
+        said: list[str] = []
+
+        async def reply(text: str) -> None:
+            said.append(text)
+
+        outcome = await api.run_turn(sid, reply, ENTRY.get(sid, api.Entry()))
+        return outcome, said
+    if op == "compress":
+        return plain(await api.compress(sid))
+    if op == "clear":
+        await api.clear(sid, step["kind"])
+        return None
+    if op == "delete":
+        await api.delete_session(sid)
+        return None
+    if op == "child":
+        return plain(await api.child_session(TASK.id, CHILD.id))
+    if op == "internal":
+        return plain(await api.internal_session(TASK.id))
+    if op == "withdraw":
+        await rt.store.mark_withdrawn(sid, step["pid"])
+        return None
+    if op == "setting":
+        await rt.settings.set(step["name"], "session", sid, step["value"])
+        return None
+    if op == "search":
+        found = await api.search(
+            sid,
+            step["query"],
+            speaker=step["speaker"],
+            since=step["since"],
+            until=step["until"],
+            limit=step["limit"],
+            context=step["context"],
+            withdrawn=step["withdrawn"],
+        )
+        return hits(found, side.names)
+    if op == "prompt":
+        prompt = await api.build_prompt(sid, ENTRY.get(sid, api.Entry()))
+        return [plain(prompt.messages), [message(m, side.names) for m in prompt.history], prompt.estimate]
+    raise AssertionError(op)
+
+
+def steps(seed: int, count: int) -> list[dict[str, Any]]:
+    """The random sequence: decided up front, so both sides run the very same steps."""
+    rng = random.Random(seed * 7919)
+    out: list[dict[str, Any]] = []
+    pid = 0
+    pids: dict[str, list[str]] = {}
+    for _ in range(count):
+        session = rng.choices(SESSIONS, weights=[5, 2, 2, 1])[0]
+        sid = session.id
+        op = rng.choices(
+            [
+                "record",
+                "turn",
+                "compress",
+                "clear",
+                "summary",
+                "delete",
+                "child",
+                "withdraw",
+                "setting",
+                "search",
+                "prompt",
+            ],
+            weights=[30, 14, 5, 2, 2, 1, 1, 3, 4, 12, 2],
+        )[0]
+        if op == "record":
+            messages = []
+            for _ in range(rng.randint(1, 4)):
+                card, qq = rng.choice(SPEAKERS)
+                pid += 1
+                text = rng.choice(LINES) + "，" + "好" * rng.randrange(0, 50)
+                messages.append((f"[{card}({qq})] {text}", qq, f"m{pid}"))
+                pids.setdefault(sid, []).append(f"m{pid}")
+            out.append({"op": "record", "sid": sid, "messages": messages})
+        elif op in ("clear", "summary"):
+            out.append({"op": "clear", "sid": sid, "kind": "context" if op == "clear" else "summary"})
+        elif op == "withdraw":
+            if pids.get(sid):
+                out.append({"op": "withdraw", "sid": sid, "pid": rng.choice(pids[sid])})
+        elif op == "child":
+            out.append({"op": rng.choice(["child", "internal"]), "sid": CHILD.id})
+        elif op == "setting":
+            name = rng.choice(["history_limit", "compress_at", "mode"])
+            value = {
+                "history_limit": rng.choice([6, 10, 16, 0]),
+                "compress_at": rng.choice([0.3, 0.5, 0.8, 0.0]),
+                "mode": rng.choice(["on", "on", "record"]),
+            }[name]
+            out.append({"op": "setting", "sid": sid, "name": name, "value": value})
+        elif op == "search":
+            words = rng.sample(WORDS, rng.choice([1, 1, 1, 2]))
+            speaker = rng.choice([None, None, None, "阿明", "20002", "Tom", "老王"])
+            since = until = None
+            if rng.random() < 0.2:
+                since = T0 + rng.randrange(0, 4000)
+                until = since + rng.choice([100, 1000, 100000])
+            out.append(
+                {
+                    "op": "search",
+                    "sid": sid,
+                    "query": " ".join(words) if rng.random() < 0.9 else "",
+                    "speaker": speaker,
+                    "since": since,
+                    "until": until,
+                    "limit": rng.choice([3, 5, 10]),
+                    "context": rng.choice([0, 0, 1, 2]),
+                    "withdrawn": rng.random() < 0.3,
+                }
+            )
+        else:
+            out.append({"op": op, "sid": sid})
+    return out
+
+
+async def build(make: Make, seed: int, location: Path | str) -> Side:
+    models = Models(seed)
+    env = await make(
+        chat={"context_window": CHAT_WINDOW, "max_output_tokens": 300},
+        summary={"context_window": SUMMARY_WINDOW, "max_output_tokens": 1200},
+        location=location,
+        memsum_compress_at=0.5,
+        memsum_history_limit=12,
+        memsum_reply_max_tokens=300,
+        memsum_persona="你是差分测试的助手。",
+    )
+    env.model.summary_default = models.summary
+    env.model.chat_default = models.chat
+    return Side(env, models)
+
+
+async def restarted(make: Make, side: Side, location: Path | str) -> Side:
+    """The side's bot started again on `location`: a new runtime, the model going on."""
+    await settle(side.env.rt)
+    again = await build(make, 0, location)
+    again.models.rng.setstate(side.models.rng.getstate())
+    again.models.summaries = side.models.summaries
+    again.names = side.names
+    return again
+
+
+def differences(a: Any, b: Any) -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in dict.fromkeys([*a, *b]):
+            if a.get(k) != b.get(k):
+                out.append(f"{k}:\n  sqlite:   {a.get(k)!r:.3000}\n  postgres: {b.get(k)!r:.3000}")
+        if not out and list(a) != list(b):
+            out.append(f"order of keys: {list(a)} / {list(b)}")
+        return out
+    return [] if a == b else [f"sqlite:   {a!r:.1500}\npostgres: {b!r:.1500}"]
+
+
+async def compare_step(
+    i: int, step: dict[str, Any], left: Side, right: Side, now: list[float], tally: dict[str, int]
+) -> None:
+    now[0] = T0 + 37.0 * i
+    results = []
+    for side in (left, right):
+        result = await perform(side, step)
+        results.append((result, side.new_requests()))
+    (a, a_requests), (b, b_requests) = results
+    where = f"step {i} {step}"
+    assert a_requests == b_requests, (where, differences(a_requests, b_requests)[:3])
+    assert a == b, (where, differences(a, b))
+    kind = step["op"] + (" raised" if isinstance(a, tuple) and a[:1] == ("raised",) else "")
+    kind += " found" if step["op"] == "search" and a else ""
+    kind += f" {a[0]}" if step["op"] == "turn" and isinstance(a, tuple) and a[0] != "raised" else ""
+    tally[kind] = tally.get(kind, 0) + 1
+    seen_a, seen_b = await observe(left.env.rt, left.names), await observe(right.env.rt, right.names)
+    assert seen_a == seen_b, (where, differences(seen_a, seen_b)[:4])
+
+
+async def run_differential(
+    make: Make,
+    now: list[float],
+    seed: int,
+    sqlite_path: Path,
+    pg_url: str,
+    migrated_url: str,
+    count: int = 90,
+) -> dict[str, int]:
+    """Runs the sequence; how many steps of each kind (and outcome) it compared."""
+    tally: dict[str, int] = {}
+    plan = steps(seed, count)
+    left = await build(make, seed, sqlite_path)
+    right = await build(make, seed, pg_url)
+    for i, step in enumerate(plan[: count // 2]):
+        await compare_step(i, step, left, right, now, tally)
+    # The owner stops the bot, moves the SQLite file to PostgreSQL and starts it there; the
+    # bot already on PostgreSQL restarts too (a restart forgets what only memory held).
+    await left.env.rt.store.flush_ledger()
+    await left.env.rt.compression.write_usage()
+    report = await migrate(sqlite_path, migrated_url)
+    assert report.verified, report.lines()
+    moved = await restarted(make, left, migrated_url)
+    right = await restarted(make, right, pg_url)
+    seen_moved, seen_right = (
+        await observe(moved.env.rt, moved.names),
+        await observe(right.env.rt, right.names),
+    )
+    assert seen_moved == seen_right, ("migrated", differences(seen_moved, seen_right)[:4])
+    for i, step in enumerate(plan[count // 2 :], count // 2):
+        await compare_step(i, step, moved, right, now, tally)
+    archived = await raw(pg_url, "SELECT COUNT(*) FROM messages WHERE archived = 1")
+    tally["archived messages"] = int(archived[0][0])
+    return tally
+
+
+@pytest.fixture
+def fake_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    now = [T0]
+    monkeypatch.setattr(clock, "now", lambda: now[0])
+    return now
+
+
+@pytest.fixture
+def migrated_url(pg_server: PgServer) -> Iterator[str]:
+    """A second fresh database, where the SQLite file is migrated to."""
+    url = pg_server.database()
+    yield url
+    pg_server.drop(url)
 
 
 # ---- regressions the differential driver found, shrunk ----------------------------------------
@@ -83,3 +557,63 @@ async def test_recall_scores_a_label_and_its_spaces_alike_on_sqlite_and_postgres
     sqlite, postgres = await _both(tmp_path, pg_url, messages, SearchQuery(GROUP.id, "爬山"))
     assert sqlite == [("[阿明(20001)]   爬山 周六", pytest.approx(5 / 60))]  # 「爬山 周六」
     assert postgres == sqlite
+
+
+async def compared(
+    make: Make, now: list[float], tmp_path: Path, pg_url: str, plan: list[dict[str, Any]]
+) -> list[tuple[Side, list[api.UsageEvent]]]:
+    """A fixed sequence run on SQLite and on PostgreSQL, compared after every step; each side
+    with the usage events its runtime emitted."""
+    sides = [await build(make, 0, tmp_path / "fixed.db"), await build(make, 0, pg_url)]
+    usages: list[list[api.UsageEvent]] = [[], []]
+    for side, seen in zip(sides, usages, strict=True):
+        side.env.rt.bus.subscribe(api.UsageEvent, seen.append)
+    tally: dict[str, int] = {}
+    for i, step in enumerate(plan):
+        await compare_step(i, step, sides[0], sides[1], now, tally)
+    return list(zip(sides, usages, strict=True))
+
+
+async def latest_usage_shown(side: Side, session_id: str) -> int | None:
+    with using(side.env.rt):
+        return (await api.status(session_id)).usage
+
+
+def said(n: int, card: str = "阿明", qq: str = "20001") -> tuple[str, str, str]:
+    return (f"[{card}({qq})] 第{n}句：周末去爬山吗，" + "好" * 30, qq, f"f{n}")
+
+
+async def test_status_after_a_failed_turn_is_the_same_on_sqlite_and_postgresql(
+    pg_url: str, make: Make, tmp_path: Path, fake_clock: list[float]
+) -> None:
+    plan: list[dict[str, Any]] = [
+        {"op": "record", "sid": GROUP.id, "messages": [said(1)]},
+        {"op": "turn", "sid": GROUP.id, "chat": [Reply("好的")]},
+        {"op": "record", "sid": GROUP.id, "messages": [said(2), said(3, "小红", "20002")]},
+        {"op": "turn", "sid": GROUP.id, "chat": [Reply(status=500, error="upstream down")] * 4},
+    ]
+    for side, usages in await compared(make, fake_clock, tmp_path, pg_url, plan):
+        # /摘要 and the summary's budget read the failed turn's request snapshot (R-TRIG-1,
+        # R-BUD-1: every usage counts for the budget), not the turn before it.
+        assert [u.turn_id is None for u in usages] == [True, False, True]
+        assert await latest_usage_shown(side, GROUP.id) == usages[-1].usage > usages[1].usage
+
+
+async def test_a_place_switched_to_record_only_reads_the_same_on_sqlite_and_postgresql(
+    pg_url: str, make: Make, tmp_path: Path, fake_clock: list[float]
+) -> None:
+    plan: list[dict[str, Any]] = [
+        {"op": "record", "sid": GROUP.id, "messages": [said(1)]},
+        {"op": "turn", "sid": GROUP.id, "chat": [Reply("好的")]},
+        {"op": "setting", "sid": GROUP.id, "name": "mode", "value": "record"},
+        {"op": "record", "sid": GROUP.id, "messages": [said(2), said(3, "小红", "20002")]},
+        {"op": "record", "sid": GROUP.id, "messages": [said(n) for n in range(4, 8)]},
+    ]
+    for side, usages in await compared(make, fake_clock, tmp_path, pg_url, plan):
+        # No turn: each recorded message's judgement stands in for one (R-TRIG-3/4); /摘要
+        # shows the memory as it is now, not the last answered turn's.
+        with using(side.env.rt):
+            status = await api.status(GROUP.id)
+        assert status.active_messages == 8  # and the answer before the switch
+        assert status.usage is not None
+        assert status.usage > 2 * usages[1].usage

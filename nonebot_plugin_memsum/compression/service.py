@@ -1149,8 +1149,9 @@ class CompressionService:
     # ---- what survives a restart ------------------------------------------------------------
     async def _usage(self, session_id: str) -> UsageEvent | None:
         """The latest usage: this process's, else the one stored before a restart; with
-        other processes on the database (store.shared), the stored one: the latest turn
-        may have been another process's."""
+        other processes on the database (store.shared), the stored one (the latest turn
+        may have been another process's), unless this process's latest is a snapshot taken
+        after its own stored turn (only turn usages are stored)."""
         usage = None if self.store.shared else self._latest_usage.get(session_id)
         if usage is None:
             stored = await self.store.get_meta(USAGE_NAMESPACE, session_id)
@@ -1158,8 +1159,18 @@ class CompressionService:
                 usage = UsageEvent(**stored) if stored else None
             except TypeError:  # written by a version with other fields: no usage then
                 usage = None
-            if usage is None:
-                usage = self._latest_usage.get(session_id)
+            mine = self._latest_usage.get(session_id)
+            own_turn = self._latest_turn_usage.get(session_id)
+            if usage is None or (
+                # This process's latest usage is a snapshot no turn usage followed (a turn
+                # that failed after it, a 仅记录 place's judgement: only turn usages are
+                # stored), and no other process's turn was stored since its own last one:
+                # it is the latest, as on SQLite.
+                mine is not None
+                and mine.turn_id is None
+                and (own_turn is None or own_turn.turn_id == usage.turn_id)
+            ):
+                usage = mine
             else:
                 usage = self._as_configured(usage)
                 if not self.store.shared:
