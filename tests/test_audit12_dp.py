@@ -57,7 +57,14 @@ TASK = SessionRecord(id="plugin:digest:1", platform=None, kind="internal")
 CHILD = SessionRecord(id="plugin:digest:1:sub", platform=None, kind="child", parent=TASK.id)
 SESSIONS = (GROUP, FRIEND, TASK, CHILD)
 ENTRY = {GROUP.id: api.Entry("onebot", "group"), FRIEND.id: api.Entry("onebot", "private")}
-SPEAKERS = (("阿明", "20001"), ("小红", "20002"), ("Tom", "20003"), ("老王🍉", "20004"))
+SPEAKERS = (
+    ("阿明", "20001"),
+    ("小红", "20002"),
+    ("Tom", "20003"),
+    ("老王🍉", "20004"),
+    ("红红", "20002"),  # 小红 changed her card
+    ("ＴＯＭ", "20003"),
+)
 LINES = (
     "周末去爬山吗",
     "服务器又重启了，Redis 挂了",
@@ -69,8 +76,26 @@ LINES = (
     "报销单要签字，找财务",
     "爬山爬山，我也去",
     "明天下雨吗",
+    "  前面有空格的 ABC 和 Café",
+    "ＷＩ－ＦＩ 连不上了，ｘ７ｋ９ 也不对",
 )
-WORDS = ("爬山", "提取码", "x7k", "abc", "服务器", "周六", "签字", "山", "cafe2024", "Redis 重启", "20002")
+WORDS = (
+    "爬山",
+    "提取码",
+    "x7k",
+    "abc",
+    "服务器",
+    "周六",
+    "签字",
+    "山",
+    "cafe2024",
+    "Redis 重启",
+    "20002",
+    "ＡＢＣ",
+    "wi-fi",
+    "Café",
+    "好好",
+)
 CHAT_WINDOW = 3000
 SUMMARY_WINDOW = 5000
 T0 = 1_780_000_000.0
@@ -83,10 +108,12 @@ class Models:
     def __init__(self, seed: int) -> None:
         self.rng = random.Random(seed)
         self.summaries = 0
+        self.failed = 0
 
     def summary(self, body: dict[str, Any]) -> Reply:
         roll = self.rng.random()
         if roll < 0.12:
+            self.failed += 1
             return Reply(status=400, error="scripted summariser failure")
         self.summaries += 1
         offered = re.findall(r"^#(\d+)〔", user_of(body), re.MULTILINE)
@@ -102,10 +129,11 @@ class Models:
 
     def chat(self, body: dict[str, Any]) -> Reply:
         roll = self.rng.random()
-        if roll < 0.1:
+        if roll < 0.15:
+            self.failed += 1
             return Reply(status=400, error="scripted chat failure")
         last = body["messages"][-1]
-        if roll < 0.25 and body.get("tools") and last.get("role") == "user":
+        if roll < 0.3 and body.get("tools") and last.get("role") == "user":
             word = self.rng.choice(WORDS)
             args = json.dumps({"query": word}, ensure_ascii=False)
             call = {"id": f"call_{self.rng.randrange(10**6)}", "name": "recall", "arguments": args}
@@ -280,9 +308,10 @@ async def _perform(side: Side, step: dict[str, Any]) -> Any:
     if op == "record":
         assert session is not None
         out = []
-        for text, name, pid in step["messages"]:
+        for role, text, name, pid in step["messages"]:
             stored = await api.record(
-                session, Message(role="user", content=text, name=name, platform_id=pid, addressed=True)
+                session,
+                Message(role=role, content=text, name=name, platform_id=pid, addressed=role == "user"),
             )
             out.append(message(stored, side.names))
         return out
@@ -361,7 +390,13 @@ def steps(seed: int, count: int) -> list[dict[str, Any]]:
                 card, qq = rng.choice(SPEAKERS)
                 pid += 1
                 text = rng.choice(LINES) + "，" + "好" * rng.randrange(0, 50)
-                messages.append((f"[{card}({qq})] {text}", qq, f"m{pid}"))
+                roll = rng.random()
+                if roll < 0.08:  # a notice the OneBot layer records (a member joined)
+                    messages.append(("notice", f"[通知] {card}({qq}) 加入了群聊", None, f"m{pid}"))
+                elif roll < 0.12:  # another plugin records the bot's own words
+                    messages.append(("assistant", f"（定时提醒）{text}", None, f"m{pid}"))
+                else:
+                    messages.append(("user", f"[{card}({qq})] {text}", qq, f"m{pid}"))
                 pids.setdefault(sid, []).append(f"m{pid}")
             out.append({"op": "record", "sid": sid, "messages": messages})
         elif op in ("clear", "summary"):
@@ -380,8 +415,11 @@ def steps(seed: int, count: int) -> list[dict[str, Any]]:
             }[name]
             out.append({"op": "setting", "sid": sid, "name": name, "value": value})
         elif op == "search":
+            sid = GROUP.id if rng.random() < 0.6 else sid  # where most is said
             words = rng.sample(WORDS, rng.choice([1, 1, 1, 2]))
-            speaker = rng.choice([None, None, None, "阿明", "20002", "Tom", "老王"])
+            speaker = rng.choice(
+                [None, None, None, "阿明", "20002", "Tom", "老王", "小红", "tom", "助手", "通知"]
+            )
             since = until = None
             if rng.random() < 0.2:
                 since = T0 + rng.randrange(0, 4000)
@@ -469,7 +507,7 @@ async def run_differential(
     sqlite_path: Path,
     pg_url: str,
     migrated_url: str,
-    count: int = 90,
+    count: int = 110,
 ) -> dict[str, int]:
     """Runs the sequence; how many steps of each kind (and outcome) it compared."""
     tally: dict[str, int] = {}
@@ -484,6 +522,7 @@ async def run_differential(
     await left.env.rt.compression.write_usage()
     report = await migrate(sqlite_path, migrated_url)
     assert report.verified, report.lines()
+    tally["failed model calls"] = right.models.failed
     moved = await restarted(make, left, migrated_url)
     right = await restarted(make, right, pg_url)
     seen_moved, seen_right = (
@@ -495,6 +534,7 @@ async def run_differential(
         await compare_step(i, step, moved, right, now, tally)
     archived = await raw(pg_url, "SELECT COUNT(*) FROM messages WHERE archived = 1")
     tally["archived messages"] = int(archived[0][0])
+    tally["failed model calls"] += right.models.failed
     return tally
 
 
@@ -511,6 +551,19 @@ def migrated_url(pg_server: PgServer) -> Iterator[str]:
     url = pg_server.database()
     yield url
     pg_server.drop(url)
+
+
+@pytest.mark.parametrize("seed", [3, 17, 29, 58])
+async def test_the_same_random_calls_on_sqlite_postgresql_and_a_migrated_file_look_the_same(
+    pg_url: str, migrated_url: str, make: Make, tmp_path: Path, fake_clock: list[float], seed: int
+) -> None:
+    # The databases first: the runtimes close before they are dropped.
+    tally = await run_differential(make, fake_clock, seed, tmp_path / "dp.db", pg_url, migrated_url)
+    # The sequence went where it was meant to: answers, compressions, hits, failures.
+    assert tally.get("turn replied", 0) >= 3, tally
+    assert tally.get("search found", 0) >= 2, tally
+    assert tally.get("archived messages", 0) > 0, tally
+    assert tally["failed model calls"] > 0, tally
 
 
 # ---- regressions the differential driver found, shrunk ----------------------------------------
@@ -579,8 +632,8 @@ async def latest_usage_shown(side: Side, session_id: str) -> int | None:
         return (await api.status(session_id)).usage
 
 
-def said(n: int, card: str = "阿明", qq: str = "20001") -> tuple[str, str, str]:
-    return (f"[{card}({qq})] 第{n}句：周末去爬山吗，" + "好" * 30, qq, f"f{n}")
+def said(n: int, card: str = "阿明", qq: str = "20001") -> tuple[str, str, str, str]:
+    return ("user", f"[{card}({qq})] 第{n}句：周末去爬山吗，" + "好" * 30, qq, f"f{n}")
 
 
 async def test_status_after_a_failed_turn_is_the_same_on_sqlite_and_postgresql(
