@@ -39,7 +39,7 @@ import pytest
 from nonebot_plugin_memsum import api, clock, runtime, usage
 from nonebot_plugin_memsum.compression.service import CLEARS_NAMESPACE, RUNS_NAMESPACE
 from nonebot_plugin_memsum.runtime import Runtime
-from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE, SearchQuery, Store, open_store
+from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE, ReplyState, SearchQuery, Store, open_store
 from nonebot_plugin_memsum.store.migrate import migrate
 from nonebot_plugin_memsum.types import Message, SessionRecord
 from tests.fakes.llm_server import Reply
@@ -670,3 +670,139 @@ async def test_a_place_switched_to_record_only_reads_the_same_on_sqlite_and_post
         assert status.active_messages == 8  # and the answer before the switch
         assert status.usage is not None
         assert status.usage > 2 * usages[1].usage
+
+
+# ---- the OneBot layer's store calls (backfill, crash recovery, withdrawals), seeded ---------------
+STORE_SESSIONS = (
+    SessionRecord(
+        id="onebot:10000:group:1", platform="onebot", kind="group", place="group:1", room_class="room"
+    ),
+    SessionRecord(
+        id="onebot:10000:private:5", platform="onebot", kind="private", peer="5", room_class="direct"
+    ),
+    SessionRecord(
+        id="onebot:20000:group:1", platform="onebot", kind="group", place="group:1", room_class="room"
+    ),
+)
+PREFIXES = ("", "onebot:10000:", "onebot:20000:", "onebot:10000:group:")
+STATES: tuple[ReplyState, ...] = ("sending", "sent")
+
+
+async def store_reads(store: Store, names: Names) -> dict[str, Any]:
+    await names.learn(store)
+    pids = [f"p{n}" for n in range(8)]
+    seen: dict[str, Any] = {}
+    for s in STORE_SESSIONS:
+        sid = s.id
+        seen[f"{sid} active"] = [message(m, names) for m in await store.get_history(sid)]
+        seen[f"{sid} archived"] = [message(m, names) for m in await store.get_archived(sid)]
+        seen[f"{sid} first"] = [message(m, names) for m in await store.first_active(sid, 3)]
+        seen[f"{sid} count"] = await store.count_active(sid)
+        seen[f"{sid} by pid"] = [
+            None if (m := await store.by_platform_id(sid, p)) is None else message(m, names) for p in pids
+        ]
+        seen[f"{sid} stored pids"] = sorted(
+            await store.stored_platform_ids(sid, dict.fromkeys(pids, T0 + 50))
+        )
+        seen[f"{sid} withdrawn questions"] = await store.questions_withdrawn(sid)
+        seen[f"{sid} answered"] = names.of(await store.answered_upto(sid) or None)
+    for prefix in PREFIXES:
+        seen[f"{prefix} sessions"] = await store.recent_sessions(prefix, T0 + 20)
+        seen[f"{prefix} questions"] = [
+            (sid, message(m, names)) for sid, m in await store.pending_questions(T0 + 10, prefix)
+        ]
+        seen[f"{prefix} of pid"] = [await store.session_of_platform_id(prefix, p) for p in pids]
+    seen["sending"] = sorted((sid, names.of(upto)) for sid, upto in await store.replies_being_sent())
+    seen["activity"] = plain(await store.activity("onebot:group:1", None, "divider"))
+    return seen
+
+
+async def store_step(store: Store, names: Names, rng: random.Random, t: float) -> str:
+    """One random write of the OneBot layer; what it was (the same on both sides: `rng` is
+    each side's copy of one generator)."""
+    s = rng.choice(STORE_SESSIONS)
+    sid = s.id
+    op = rng.choices(
+        ["append", "once", "withdraw", "answer", "mark", "archive", "clear", "delete", "refuse"],
+        weights=[30, 20, 6, 6, 6, 4, 2, 1, 2],
+    )[0]
+    pid = f"p{rng.randrange(8)}" if rng.random() < 0.8 else None
+    history = [m for m in await store.get_history(sid) if not m.event_marker]
+    pick = rng.random()
+    if op in ("append", "once"):
+        msg = Message(
+            role="user",
+            content=f"[甲(2000{rng.randrange(3)})] 第{rng.randrange(100)}句",
+            name="20001",
+            ts=t + rng.choice([0.0, 0.5]),
+            platform_id=pid,
+            addressed=rng.random() < 0.5,
+        )
+        await store.save_session(s)
+        stored = await (store.append(sid, msg) if op == "append" else store.append_once(sid, msg))
+        return f"{op} {sid} {pid} -> {stored is not None}"
+    if op == "withdraw" and pid:
+        await store.mark_withdrawn(sid, pid)
+    elif op == "answer":
+        await store.save_session(s)
+        upto = history[int(pick * len(history))].id or 0 if history else 0
+        state = rng.choice(STATES)
+        answer = Message(role="assistant", content=f"答{rng.randrange(100)}", ts=t)
+        await store.append_marking(sid, answer, upto, state)
+        if pid and rng.random() < 0.5:
+            await store.name_answer(sid, answer.content, pid)
+    elif op == "mark" and history:
+        await store.mark_reply(
+            sid, history[int(pick * len(history))].id or 0, rng.choice(["sending", "sent"])
+        )
+    elif op == "archive" and history:
+        count = max(1, int(pick * len(history)))
+        await store.archive_span(sid, count, [j for j in range(min(count, 3)) if rng.random() < 0.3])
+    elif op == "clear":
+        await store.clear(sid, "context")
+    elif op == "delete":
+        await store.delete_session(sid)
+    elif op == "refuse" and history:
+        await store.mark_refused(sid, [history[int(pick * len(history))].id or 0])
+    return f"{op} {sid} {pid}"
+
+
+@pytest.mark.parametrize("seed", [5, 41])
+async def test_the_onebot_layers_store_calls_answer_alike_on_sqlite_and_postgresql(
+    tmp_path: Path, pg_url: str, seed: int
+) -> None:
+    stores = [await open_store(tmp_path / "onebot.db"), await open_store(pg_url)]
+    names = [Names(), Names()]
+    rngs = [random.Random(seed), random.Random(seed)]
+    try:
+        for i in range(100):
+            t = T0 + i
+            done = [await store_step(st, n, r, t) for st, n, r in zip(stores, names, rngs, strict=True)]
+            assert done[0] == done[1], (i, done)
+            a, b = [await store_reads(st, n) for st, n in zip(stores, names, strict=True)]
+            assert a == b, (i, done[0], differences(a, b)[:4])
+    finally:
+        for st in stores:
+            await st.close()
+
+
+async def test_a_sent_answers_id_is_in_the_history_read_next_on_both_engines(location: Path | str) -> None:
+    # The bot answers (stored), reads the history (the next turn, a reconnect's backfill),
+    # then notes the id QQ gave the answer (onebot/send.py). On SQLite the history cache kept
+    # the answer without its id, so the backfill after a reconnect (onebot/said.py
+    # `sent_here`) took it for one sent in parts and skipped any of the account's fetched
+    # messages that were a piece of it; on PostgreSQL the write counter read it again.
+    store = await open_store(location)
+    try:
+        session = STORE_SESSIONS[0]
+        await store.save_session(session)
+        await store.append(session.id, Message(role="user", content="[甲(20001)] 在吗", ts=T0))
+        answer = await store.append(
+            session.id, Message(role="assistant", content="在的，有事请说", ts=T0 + 1)
+        )
+        assert (await store.get_history(session.id))[-1].platform_id is None
+        await store.name_answer(session.id, "在的，有事请说", "7001")
+        last = (await store.get_history(session.id))[-1]
+        assert (last.id, last.platform_id) == (answer.id, "7001")
+    finally:
+        await store.close()

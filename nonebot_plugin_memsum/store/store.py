@@ -340,7 +340,8 @@ class Tx:
         """The platform id the session's newest answer went out under, when `text` is that
         answer (an apology or a notice sent without storing one names nothing). Its newest
         assistant message without a platform id: what another plugin said meanwhile has its
-        own (onebot/said.py)."""
+        own (onebot/said.py). The session's cached history is read again."""
+        self._touched.add(session_id)
         await self._write(
             "UPDATE messages SET platform_id = ? WHERE id = (SELECT MAX(id) FROM messages"
             " WHERE session_id = ? AND role = 'assistant' AND platform_id IS NULL) AND content = ?",
