@@ -21,6 +21,11 @@ hits with their order, scores and neighbours, and the usage figures the commands
 web page read (ledger totals, per place, per day, series, overview). Halfway it migrates
 the SQLite file to a fresh PostgreSQL database (store/migrate.py) and goes on there: the
 migrated store must keep matching.
+
+A second seeded driver does the same one level down, for the store calls of the OneBot layer
+(appends and their dedupe by platform id, withdrawals, reply marks, answers named, archive
+spans, clears, deletions, refusals): every read of the backfill and of crash recovery is
+compared after each write.
 """
 
 from __future__ import annotations
