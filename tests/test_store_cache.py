@@ -91,6 +91,26 @@ async def test_a_committed_transaction_extends_the_cached_history(store: Store) 
     assert history[-1] == answer
 
 
+async def test_an_answers_platform_id_is_in_the_cached_history_without_a_reload(store: Store) -> None:
+    # The OneBot layer names the answer's message id after sending it: every answered turn.
+    # The next read shows the id (the backfill matches by it) and decodes nothing again.
+    first = await _filled(store)
+    await store.append(SID, Message(role="assistant", content="旧答", ts=7.0))
+    await store.append(SID, Message(role="assistant", content="答", ts=8.0))
+    await store.name_answer(SID, "不是它", "111")  # another text: nothing named
+    await store.name_answer(SID, "答", "222")
+    history = await store.get_history(SID)
+    assert [m.platform_id for m in history] == [None, None, None, None, "222"]
+    if not store.shared:  # PostgreSQL reloads whatever its write counter says
+        assert history[0] is first[0]
+    reread = Store(store.location)
+    await reread.open()
+    try:
+        assert [m.platform_id for m in await reread.get_history(SID)] == [None, None, None, None, "222"]
+    finally:
+        await reread.close()
+
+
 async def test_r_run_11_the_commit_re_read_sees_what_another_connection_wrote(store: Store) -> None:
     # The compression's commit re-reads the history (R-RUN-11): from the cache only while no
     # other connection has written since, else from the database.

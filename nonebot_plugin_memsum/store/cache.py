@@ -15,7 +15,7 @@ compares it with the database's before serving the entry.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from nonebot_plugin_memsum.types import Message
 
@@ -105,6 +105,20 @@ class HistoryCache:
         self._bytes += size
         self._entries.move_to_end(session_id)
         self._evict()
+
+    def name(self, session_id: str, text: str, platform_id: str) -> None:
+        """`Tx.name_answer` on the cached history: its newest assistant message without a
+        platform id gets `platform_id` when its content is `text` (the same rule as the
+        statement), so the next read needs no reload (issue 9: no stored row decoded twice)."""
+        entry = self._entries.get(session_id)
+        if entry is None:
+            return
+        for i in range(len(entry.messages) - 1, -1, -1):
+            m = entry.messages[i]
+            if m.role == "assistant" and m.platform_id is None:
+                if m.content == text:
+                    entry.messages[i] = replace(m, platform_id=platform_id)
+                return
 
     def drop(self, session_id: str) -> None:
         entry = self._entries.pop(session_id, None)

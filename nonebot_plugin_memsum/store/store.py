@@ -227,7 +227,7 @@ class Tx:
     append, `_appended`), nothing else is needed.
     """
 
-    __slots__ = ("_appended", "_db", "_ledger", "_open", "_touched")
+    __slots__ = ("_appended", "_db", "_ledger", "_named_answers", "_open", "_touched")
 
     def __init__(self, db: Db, ledger: list[tuple[Any, ...]] | None = None) -> None:
         self._db = db
@@ -238,6 +238,8 @@ class Tx:
         """Messages appended, in order: the cache extends a cached history with them."""
         self._touched: set[str] = set()
         """Sessions whose rows changed otherwise: their cached history is dropped."""
+        self._named_answers: list[tuple[str, str, str]] = []
+        """(session, text, platform id) of `name_answer`: the cached answer gets its id."""
 
     def _end(self) -> None:
         self._open = False
@@ -340,8 +342,8 @@ class Tx:
         """The platform id the session's newest answer went out under, when `text` is that
         answer (an apology or a notice sent without storing one names nothing). Its newest
         assistant message without a platform id: what another plugin said meanwhile has its
-        own (onebot/said.py). The session's cached history is read again."""
-        self._touched.add(session_id)
+        own (onebot/said.py). The cached history's copy gets the id too (HistoryCache.name)."""
+        self._named_answers.append((session_id, text, platform_id))
         await self._write(
             "UPDATE messages SET platform_id = ? WHERE id = (SELECT MAX(id) FROM messages"
             " WHERE session_id = ? AND role = 'assistant' AND platform_id IS NULL) AND content = ?",
@@ -1021,6 +1023,11 @@ class Store:
                 self._history.append(session_id, msg)  # its write counter: one more
             else:
                 self._history.drop(session_id)
+        for session_id, text, platform_id in tx._named_answers:
+            if applied:
+                self._history.name(session_id, text, platform_id)
+            else:
+                self._history.drop(session_id)
         for session_id in tx._touched:
             self._history.drop(session_id)
 
@@ -1078,7 +1085,7 @@ class Store:
         the cache was filled (R-RUN-11's re-read at a compression's commit, without
         decoding thousands of rows again)."""
         await tx._live().hold(session_id)  # PostgreSQL: no other process writes it until COMMIT
-        if session_id in tx._touched or any(s == session_id for s, _ in tx._appended):
+        if session_id in tx._touched or any(s == session_id for s, *_ in (*tx._appended, *tx._named_answers)):
             return await tx.get_history(session_id)
         if not self.shared:  # PostgreSQL: the session's own write counter tells
             version = await tx.data_version()
