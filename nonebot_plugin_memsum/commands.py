@@ -71,12 +71,18 @@ class _Call:
 
     @property
     def args(self) -> tuple[str, ...]:
-        return tuple(self.text.split())
+        """The words, a sentence's end typed after the last one dropped (「/记忆模式 关。」)."""
+        words = self.text.split()
+        if words:
+            words[-1] = words[-1].rstrip(TRAILING)
+        return tuple(w for w in words if w)
 
 
 Flow = Callable[[_Call], Awaitable[str]]
 RECALL_USAGE = "用法：/回忆 关键词 [@某人] [YYYY-MM-DD[..YYYY-MM-DD]]"
 RECALL_LIMIT = 10
+TRAILING = "。．.！!？?，,、；;…～~"
+"""What a phone's input method ends a sentence with: not part of a command's last word."""
 _DATE_RANGE = re.compile(r"^(\d{4}-\d{1,2}-\d{1,2})(?:(?:\.\.|~|～)(\d{4}-\d{1,2}-\d{1,2}))?$")
 
 

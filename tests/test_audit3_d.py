@@ -84,7 +84,7 @@ async def test_a_cap_and_a_period_typed_in_full_width_digits_are_read(app: App) 
     )
 
 
-@pytest.mark.parametrize("word", ["８０％", "80%", "０．５．５", "1/2", "0,5", "0.5。"])
+@pytest.mark.parametrize("word", ["８０％", "80%", "０．５．５", "1/2", "0,5", "0。5"])
 async def test_r_cfg_2_a_percentage_or_a_malformed_line_is_refused_with_the_range(
     app: App, word: str
 ) -> None:
