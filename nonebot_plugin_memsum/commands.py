@@ -22,7 +22,7 @@ from typing import Literal
 from nonebot import on_message
 from nonebot.adapters.onebot.v11 import Bot, GroupMessageEvent, MessageEvent
 from nonebot.adapters.onebot.v11 import Message as OBMessage
-from nonebot.consts import CMD_KEY, PREFIX_KEY
+from nonebot.consts import CMD_ARG_KEY, CMD_KEY, CMD_WHITESPACE_KEY, PREFIX_KEY
 from nonebot.log import logger
 from nonebot.matcher import Matcher
 from nonebot.params import CommandArg
@@ -39,6 +39,7 @@ from .config import PERSONA_MAX, Config, Mode
 from .llm.tokens import estimate_text_tokens
 from .lru import LRU
 from .onebot.fastpath import Claim
+from .onebot.render import TRAILING, word_goes_on
 from .permission import SUPERUSER, SUPERUSER_OR_GROUP_ADMIN
 from .settings import MODE_WORDS, Resolved, SettingName, place_key, place_scope, validate
 from .store import SearchQuery, StoreError
@@ -81,8 +82,6 @@ class _Call:
 Flow = Callable[[_Call], Awaitable[str]]
 RECALL_USAGE = "用法：/回忆 关键词 [@某人] [YYYY-MM-DD[..YYYY-MM-DD]]"
 RECALL_LIMIT = 10
-TRAILING = "。．.！!？?，,、；;…～~"
-"""What a phone's input method ends a sentence with: not part of a command's last word."""
 _DATE_RANGE = re.compile(r"^(\d{4}-\d{1,2}-\d{1,2})(?:(?:\.\.|~|～)(\d{4}-\d{1,2}-\d{1,2}))?$")
 
 
@@ -563,10 +562,22 @@ USAGE = "\n".join([*(c.usage for c in COMMANDS if c.name), *_HELP_NOTES])
 _NAMES = frozenset((c.name,) for c in COMMANDS if c.name)
 
 
+def _command_name(state: T_State) -> tuple[str, ...] | None:
+    """The command NoneBot read the message as, unless the name runs on into a longer word
+    (「/压缩包怎么解压」 is chat, recorded and maybe answered, never /压缩)."""
+    prefix = state.get(PREFIX_KEY, {})
+    name = prefix.get(CMD_KEY)
+    if name is None or prefix.get(CMD_WHITESPACE_KEY) is not None:
+        return name
+    arg = prefix.get(CMD_ARG_KEY)
+    rest = arg.extract_plain_text() if isinstance(arg, OBMessage) else ""
+    return None if word_goes_on(rest) else name
+
+
 def is_memsum_command(state: T_State) -> bool:
     """Whether NoneBot read the message as one of our commands (the recording matcher
     leaves those alone: a command the sender may not use is not ours to record)."""
-    return state.get(PREFIX_KEY, {}).get(CMD_KEY) in _NAMES
+    return _command_name(state) in _NAMES
 
 
 COMMAND_NAMES: tuple[str, ...] = tuple(c.name for c in COMMANDS if c.name)
@@ -587,7 +598,7 @@ async def _chosen(bot: Bot, event: MessageEvent, state: T_State) -> bool:
     matchers cost every ordinary message about 150 task spawns (most of the bot's CPU at
     a thousand groups). Here a message that is no command costs one dictionary look-up.
     """
-    name = state.get(PREFIX_KEY, {}).get(CMD_KEY)
+    name = _command_name(state)
     if name is None:
         chosen = _CONFIRM if await _is_confirmation(bot, event) else None
     else:

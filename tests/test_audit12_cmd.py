@@ -18,7 +18,7 @@ import pytest
 
 from tests.fakes.agent import is_chat
 from tests.fakes.botproc import BotProcess
-from tests.fakes.e2e import connected, group_sid, query
+from tests.fakes.e2e import connected, group_sid, query, until
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.onebot import FORWARD_ACTIONS, SEND_ACTIONS, OneBotSim, Segment, plain_text
 
@@ -117,3 +117,50 @@ async def test_a_command_ending_with_a_full_stop_does_what_it_says(
     assert len(got) == 1, got
     assert got[0].startswith(expected), got
     assert await stored(bot, group_sid(group)) == []  # a command is never recorded
+
+
+async def test_a_members_line_that_merely_starts_like_a_command_is_recorded(
+    bot: BotProcess, sim: OneBotSim
+) -> None:
+    """「/压缩包怎么解压」 is a member asking about a zip file, not /压缩: it is recorded like
+    any line (before: NoneBot's command parser read it as /压缩, so the line was dropped as
+    someone else's command and never reached the memory). The owner's glued line is chat
+    too, not 「用法：/压缩（不带参数）」. A real command of ours by a member stays unrecorded
+    (README: 其他人发的命令本插件完全不处理)."""
+    group = 72001
+    sid = group_sid(group)
+    assert await said(sim, group, MEMBER, "/压缩包怎么解压", quiet=0.8) == []
+    assert await said(sim, group, MEMBER, "/摘要 帮我看看", quiet=0.8) == []  # ours: not recorded
+    assert await said(sim, group, MEMBER, "/ 斜杠开头的话", quiet=0.8) == []
+    assert await said(sim, group, SUPERUSER, "/回忆录那本书不错", quiet=0.8) == []
+
+    async def three() -> bool:
+        return len(await stored(bot, sid)) >= 3
+
+    await until(three, "the three chat lines stored")
+    assert await stored(bot, sid) == [
+        f"[用户{MEMBER}({MEMBER})] /压缩包怎么解压",
+        f"[用户{MEMBER}({MEMBER})] / 斜杠开头的话",
+        f"[用户{SUPERUSER}({SUPERUSER})] /回忆录那本书不错",
+    ]
+    # The command itself, glued to nothing or to a sentence's end, is still the command.
+    assert (await said(sim, group, SUPERUSER, "/压缩线"))[0].startswith("压缩线 0.8（全局配置）")
+
+
+@pytest.mark.parametrize(
+    ("rest", "goes_on"),
+    [
+        ("", False),
+        (" 今天", False),
+        ("\u3000群 30", False),
+        ("。", False),
+        ("！？", False),
+        ("包怎么解压", True),
+    ],
+)
+def test_what_follows_a_command_name_decides_whether_it_is_the_command(rest: str, goes_on: bool) -> None:
+    """The same rule for a live message (commands.py) and a fetched one (the backfill skips
+    commands, recovery.is_command): 「/压缩包…」 is stored after a restart too."""
+    from nonebot_plugin_memsum.onebot.render import word_goes_on
+
+    assert word_goes_on(rest) is goes_on

@@ -32,7 +32,7 @@ from nonebot.log import logger
 from nonebot_plugin_memsum import clock, runtime
 from nonebot_plugin_memsum.types import Message
 
-from .render import is_empty
+from .render import is_empty, word_goes_on
 from .sessions import PLATFORM, group_record, private_record
 
 FETCHES_AT_ONCE = 4
@@ -210,7 +210,11 @@ def another_account(bot: Bot, user_id: int | str) -> bool:
 def is_command(event: MessageEvent, starts: Iterable[str], names: Iterable[str]) -> bool:
     """A command of this plugin: those are answered, never stored."""
     text = event.original_message.extract_plain_text().lstrip()
-    return any(text.startswith(start + name) for start in starts for name in names)
+    return any(
+        text.startswith(start + name) and not word_goes_on(text[len(start + name) :])
+        for start in starts
+        for name in names
+    )
 
 
 # ---- the I/O shell --------------------------------------------------------------------

@@ -124,6 +124,16 @@ def labelled(name: str | None, user_id: int | str, body: str, quote: str = "") -
     return f"{label(name, user_id)} {quote}{neutralise_labels(body)}"
 
 
+TRAILING = "。．.！!？?，,、；;…～~"
+"""What a phone's input method ends a sentence with: not part of a command's last word."""
+
+
+def word_goes_on(rest: str) -> bool:
+    """Whether the text right after a command's name makes it a longer word: 「/压缩包怎么解压」
+    is a member asking about zip files, not /压缩; 「/摘要」「/摘要 今天」「/摘要。」 are the command."""
+    return bool(rest) and not rest[0].isspace() and bool(rest.rstrip().rstrip(TRAILING))
+
+
 def is_empty(message: OBMessage) -> bool:
     """No segment but blank text: a malformed event (QQ cannot send an empty message)."""
     return all(seg.type == "text" and not str(seg.data.get("text", "")).strip() for seg in message)
