@@ -10,23 +10,31 @@ naming the key (or start with the documented default), never a traceback or a se
 from __future__ import annotations
 
 import json
+import random
+import re
 import zlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from tests.fakes.agent import is_chat
 from tests.fakes.botproc import BotProcess
-from tests.fakes.e2e import connected, group_sid, query, until
+from tests.fakes.e2e import SELF_ID, connected, group_sid, query, until
 from tests.fakes.llm_server import Reply, ScriptedLLM
-from tests.fakes.onebot import FORWARD_ACTIONS, SEND_ACTIONS, OneBotSim, Segment, plain_text
+from tests.fakes.onebot import FORWARD_ACTIONS, SEND_ACTIONS, OneBotSim, Segment, at, plain_text
+from tests.fakes.onebot import text as seg
 
 SUPERUSER = 10001
 ADMIN = 20900
 MEMBER = 20001
 SUMMARY = "【最近在聊什么】\n周末爬山\n【谁有问题没回应】\n无\n【关键原话要点】\n无\n【保留原文】\n无"
 ANSWER = "好的，记下了。"
+
+
+def is_chat(body: dict[str, Any]) -> bool:
+    """A chat turn's request (it offers the tools), not a summary's."""
+    return "tools" in body
 
 
 def _answer(body: dict[str, Any]) -> Reply:
@@ -37,7 +45,11 @@ def _answer(body: dict[str, Any]) -> Reply:
 async def bot(tmp_path_factory: pytest.TempPathFactory, llm: ScriptedLLM) -> AsyncIterator[BotProcess]:
     llm.reset()
     llm.on_request(_answer)
-    env = {"MEMSUM_MODELS": json.dumps([llm.model_config()]), "LOG_LEVEL": "INFO"}
+    env = {
+        "MEMSUM_MODELS": json.dumps([llm.model_config()]),
+        "LOG_LEVEL": "INFO",
+        "MEMSUM_GROUP_ADMIN_COMMANDS": "true",
+    }
     async with BotProcess(tmp_path_factory.mktemp("bot"), env=env) as proc:
         yield proc
 
@@ -164,3 +176,271 @@ def test_what_follows_a_command_name_decides_whether_it_is_the_command(rest: str
     from nonebot_plugin_memsum.onebot.render import word_goes_on
 
     assert word_goes_on(rest) is goes_on
+
+
+# ---- the seeded random command driver -------------------------------------------------------
+DRIVER_GROUP = 73001
+ADMIN_COMMANDS = frozenset({"压缩", "摘要", "清除", "回忆", "记忆模式", "人设", "用量", "记忆帮助"})
+_MODE_WORDS = {"开": "on", "仅记录": "record", "关": "off"}
+_FULL_WIDTH = str.maketrans("0123456789.", "０１２３４５６７８９．")
+_CJK = re.compile(r"[\u4e00-\u9fff]")
+_ENGLISH_ERROR = re.compile(r"Traceback|Error|Exception|None\b|\bnan\b|\binf\b")
+
+
+@dataclass
+class Command:
+    """One command the driver types: its name and words, and what it should do."""
+
+    name: str
+    words: list[str]
+    change: dict[tuple[str, str], Any] | None = None
+    """(scope, setting) → the value stored after it (None: reset); None: changes no setting."""
+    valid: bool = True
+    answer: str = ""
+    """How the answer starts (for a valid command that changes something or a refusal)."""
+
+
+@dataclass
+class Model:
+    """What the driver expects of the group: its stored settings, and a pending /清除."""
+
+    stored: dict[tuple[str, str], Any] = field(default_factory=dict)
+    pending: int | None = None
+    """Who was asked to reply 「确认」 (their /清除 上下文)."""
+
+    def value(self, name: str) -> Any:
+        for scope in ("session", "place"):
+            if (scope, name) in self.stored:
+                return self.stored[(scope, name)]
+        return None
+
+
+def _number(rng: random.Random, valid: list[str], invalid: list[str]) -> tuple[str, bool]:
+    if rng.random() < 0.7:
+        return rng.choice(valid), True
+    return rng.choice(invalid), False
+
+
+def _pick_command(rng: random.Random, step: int) -> Command:
+    name = rng.choice(
+        ["记忆模式", "人设", "压缩线", "条数线", "限额", "用量", "摘要", "记忆帮助", "清除", "压缩", "回忆"]
+    )
+    if name == "记忆模式":
+        word = rng.choice([*_MODE_WORDS, "默认", "", "半开", "开 关"])
+        if word in _MODE_WORDS:
+            return Command(
+                name, [word], {("place", "mode"): _MODE_WORDS[word]}, answer=f"已将本群模式设为 {word}。"
+            )
+        if word == "默认":
+            return Command(name, [word], {("place", "mode"): None}, answer="已恢复本群模式为默认。")
+        if word == "":
+            return Command(name, [], answer="本群模式：")
+        return Command(name, word.split(), valid=False, answer="用法：")
+    if name == "人设":
+        kind = rng.choice(["set", "set", "reset", "show", "long"])
+        if kind == "set":
+            text = f"你是第{step}号测试助手，说话带一个喵字"
+            return Command(name, [text], {("place", "persona"): text}, answer="已设置本群人设")
+        if kind == "reset":
+            return Command(name, ["默认"], {("place", "persona"): None}, answer="已恢复本群人设为默认。")
+        if kind == "long":
+            return Command(name, ["长" * 1001], valid=False, answer="没有修改：")
+        return Command(name, [], answer="本群人设（")
+    if name in ("压缩线", "条数线"):
+        setting = "compress_at" if name == "压缩线" else "history_limit"
+        scope = rng.choice(["session", "place"])
+        words = ["群"] if scope == "place" else []
+        title = "本群" if scope == "place" else "本会话"
+        if setting == "compress_at":
+            value, ok = _number(
+                rng, ["0", "0.3", "0.55", "1", "0.9"], ["1.5", "-0.1", "abc", "80%", "nan", "1e400"]
+            )
+        else:
+            value, ok = _number(rng, ["0", "5", "7", "200"], ["-3", "2.5", "abc", "100001", "1e30"])
+        if rng.random() < 0.2:
+            return Command(
+                name, [*words, "默认"], {(scope, setting): None}, answer=f"已恢复{title}的{name}为默认。"
+            )
+        if rng.random() < 0.15:
+            return Command(name, words, answer=f"{name} ")
+        if not ok:
+            return Command(name, [*words, value], valid=False, answer="没有修改：")
+        number: float = float(value) if setting == "compress_at" else int(value)
+        return Command(name, [*words, value], {(scope, setting): number}, answer=f"已将{title}的{name}设为 ")
+    if name == "限额":
+        value, ok = _number(
+            rng, ["无", "1000000", "500000000", "默认"], ["-5", "abc", "1.5", "10000000000000"]
+        )
+        if not ok:
+            return Command(name, [value], valid=False, answer="没有修改：")
+        stored = None if value == "默认" else 0 if value == "无" else int(value)
+        return Command(name, [value], {("place", "daily_token_cap"): stored}, answer="已修改本群每日限额。")
+    if name == "用量":
+        word = rng.choice(["", "今天", "7天", "30天", "全部", "昨天", "8天"])
+        if word in ("昨天", "8天"):
+            return Command(name, [word], valid=False, answer="用法：/用量")
+        return Command(name, [word] if word else [], answer="本群用量（")
+    if name in ("摘要", "记忆帮助", "压缩"):
+        if rng.random() < 0.2:
+            return Command(name, ["现在"], valid=False, answer=f"用法：/{name}（不带参数）")
+        return Command(name, [])
+    if name == "回忆":
+        return Command(name, [rng.choice(["爬山", "周末", "2026-13-45", "@"])], answer="")
+    word = rng.choice(["摘要", "上下文", "上下文 确认", "全部"])  # /清除
+    if word == "全部":
+        return Command(name, [word], valid=False, answer="用法：/清除")
+    if word == "摘要":
+        return Command(name, [word], answer="已清除本会话的摘要，上下文保留。")
+    if word == "上下文":
+        return Command(name, [word], answer="将清除本会话的全部上下文和摘要")
+    return Command(name, word.split(), answer="已清除本会话的上下文和摘要。")
+
+
+def _typed(rng: random.Random, command: Command) -> str | list[Segment]:
+    """The command as an owner on a phone might type it."""
+    space = rng.choice([" ", " ", "\u3000", "  "])
+    words = [
+        w.translate(_FULL_WIDTH) if rng.random() < 0.3 and command.name != "人设" else w
+        for w in command.words
+    ]
+    line = "/" + command.name + "".join(space + w for w in words)
+    if command.name != "人设" and rng.random() < 0.25:
+        line += rng.choice(["。", "！", " 。"])
+    around = rng.random()
+    if around < 0.15:
+        return [at(SELF_ID), seg(" " + line)]
+    if around < 0.25:
+        return [seg(line + " "), at(SELF_ID)]
+    return line
+
+
+async def _snapshot(bot: BotProcess) -> dict[tuple[str, str], Any]:
+    """The driver group's stored settings: (scope, name) → value (numbers as numbers)."""
+    found: dict[tuple[str, str], Any] = {}
+    for scope, key, name, value in await query(bot.db_path, "SELECT * FROM settings"):
+        if str(key).endswith(f":{DRIVER_GROUP}"):
+            stored = json.loads(value)  # stored as JSON
+            found[(scope, name)] = float(stored) if isinstance(stored, int | float) else stored
+    return found
+
+
+def _expected(model: Model) -> dict[tuple[str, str], Any]:
+    return {
+        k: (float(v) if isinstance(v, int | float) else v) for k, v in model.stored.items() if v is not None
+    }
+
+
+async def _user_rows(bot: BotProcess) -> list[str]:
+    sql = "SELECT content FROM messages WHERE session_id = ? AND role = 'user' ORDER BY id"
+    return [str(r[0]) for r in await query(bot.db_path, sql, group_sid(DRIVER_GROUP))]
+
+
+def _may(user: int, name: str) -> bool:
+    return user == SUPERUSER or (user == ADMIN and name in ADMIN_COMMANDS)
+
+
+def _chat_lines(rng: random.Random, tag: str) -> tuple[str, bool]:
+    """A member's line, and whether it asks the bot (`tag`: the seed and step, so no two
+    lines of the module are the same)."""
+    step = tag
+    return rng.choice(
+        [
+            (f"第{step}句：周末去爬山吗", False),
+            (f"小记，第{step}句：明天下雨吗", True),
+            (f"/压缩包第{step}个在哪", False),
+            (f"/ 第{step}句斜杠开头", False),
+            (f"//第{step}句双斜杠", False),
+            (f"/摘要很有用第{step}次", False),
+        ]
+    )
+
+
+@pytest.mark.parametrize("seed", [12, 1207])
+async def test_a_seeded_random_mix_of_commands_and_chatter_keeps_every_invariant(
+    bot: BotProcess, sim: OneBotSim, llm: ScriptedLLM, seed: int
+) -> None:
+    """Random commands (valid, invalid, edge values, full-width, a trailing 。, an @ before or
+    after) by the owner, a group admin (MEMSUM_GROUP_ADMIN_COMMANDS=true) and a member,
+    interleaved with members' chatter, in one group. After each step: a command the asker
+    may use gets exactly one Chinese answer saying what happened or what was wrong; a
+    refused or invalid one changes no setting; a valid one changes exactly its setting; a
+    command is never recorded, anyone else's command is not answered; chatter (also lines
+    that merely start with 「/」) is recorded unless the group is 关, answered when it asks
+    the bot in a 开 group, and the answer's request carries the persona and count line set."""
+    rng = random.Random(seed)
+    sim.add_member(DRIVER_GROUP, ADMIN, "管理员", role="admin")
+    model = Model(stored=dict(await _snapshot(bot)))  # what the other seed left
+    for step in range(30):
+        before_rows = await _user_rows(bot)
+        before_settings = await _snapshot(bot)
+        assert before_settings == _expected(model), f"step {step}"
+        if rng.random() < 0.35:
+            speaker = rng.choice([MEMBER, ADMIN, SUPERUSER])
+            line, asks = _chat_lines(rng, f"{seed}-{step}")
+            if line.startswith("/摘要") and speaker != MEMBER:
+                speaker = MEMBER  # the owner's would be the command with an argument
+            mode = model.value("mode") or "on"
+            requests = len(llm.requests)
+            got = await said(sim, DRIVER_GROUP, speaker, line, quiet=0.6 if not asks or mode != "on" else 0)
+            name = "管理员" if speaker == ADMIN else f"用户{speaker}"
+            want = f"[{name}({speaker})] {line}"
+            if mode == "off":
+                assert got == [], f"step {step}: a 关 group answered {line!r}"
+                assert want not in await _user_rows(bot), f"step {step}: a 关 group recorded {line!r}"
+                continue
+
+            async def recorded(want: str = want) -> bool:
+                return want in await _user_rows(bot)
+
+            await until(recorded, f"step {step}: {line!r} recorded")
+            if not (asks and mode == "on"):
+                assert got == [], f"step {step}: {line!r} answered in mode {mode}"
+                continue
+            assert got == [ANSWER], f"step {step}: {got}"
+            chats = [b for b in llm.requests[requests:] if is_chat(b)]
+            assert chats, f"step {step}: no chat request"
+            system = str(chats[-1]["messages"][0]["content"])
+            persona = model.value("persona")
+            if persona is None:
+                assert "测试助手" not in system, f"step {step}: a reset persona still sent"
+            else:
+                assert persona in system, f"step {step}: the persona set is not sent"
+            limit = model.value("history_limit")
+            if limit:
+                history = [m for m in chats[-1]["messages"] if m["role"] in ("user", "assistant")]
+                assert len(history) <= limit, f"step {step}: {len(history)} messages sent, line {limit}"
+            continue
+        if model.pending is not None and rng.random() < 0.3:
+            user, command = model.pending, Command("确认", [], answer="已清除本会话的上下文和摘要。")
+            message: str | list[Segment] = "确认"
+        else:
+            user = rng.choice([SUPERUSER, SUPERUSER, SUPERUSER, ADMIN, MEMBER])
+            command = _pick_command(rng, step)
+            message = _typed(rng, command)
+        allowed = command.name == "确认" or _may(user, command.name)
+        got = await said(sim, DRIVER_GROUP, user, message, quiet=0 if allowed else 0.6)
+        what = f"step {step}: {user} {message!r} → {got!r}"
+        if not allowed:
+            assert got == [], what
+            assert await _snapshot(bot) == before_settings, what
+            assert await _user_rows(bot) == before_rows, what  # someone else's command: not ours to record
+            continue
+        assert len(got) == 1, what
+        answer = got[0]
+        assert _CJK.search(answer), what
+        assert not _ENGLISH_ERROR.search(answer.replace("MEMSUM_GROUP_ADMIN_COMMANDS", "")), what
+        if command.answer:
+            assert answer.startswith(command.answer), what
+        assert await _user_rows(bot) == before_rows, what  # a command is never recorded
+        if not command.valid or command.change is None:
+            assert await _snapshot(bot) == before_settings, what
+        else:
+            model.stored.update(command.change)
+            assert await _snapshot(bot) == _expected(model), what
+        if command.name == "清除" and command.words == ["上下文"]:
+            model.pending = user
+        elif command.name == "确认" or (command.name == "清除" and command.words == ["上下文", "确认"]):
+            model.pending = None
+    log = bot.log()
+    assert "Traceback" not in log
+    assert "ERROR" not in log
