@@ -21,7 +21,7 @@ from .agent.recall import register_recall_tool
 from .agent.tools import TODO_TOOL, StoreTodoProvider, TodoProvider, ToolRegistry, register_todo_tool
 from .agent.turn import Agent
 from .compression.service import CompressionService
-from .config import Config
+from .config import DEFAULT_PERSONA, Config
 from .controls import Controls
 from .errors import ConfigError, NotStarted, StoreError
 from .llm import LLMClient, Registry
@@ -125,6 +125,19 @@ def persona_refusal(rt: Runtime, persona: str) -> str | None:
 def check_personas(rt: Runtime) -> None:
     """Refuse a persona of `.env` (MEMSUM_PERSONA, a tier's) the chat model cannot carry
     (`persona_overflow`); /人设 refuses one the same way."""
+    model = rt.registry.resolve("chat")
+    if model is not None and persona_overflow(rt, DEFAULT_PERSONA):
+        # No persona fits: the reply reserve (or the window) is wrong, not the persona.
+        cfg = rt.config
+        key, reserve = "MEMSUM_REPLY_MAX_TOKENS", cfg.memsum_reply_max_tokens
+        if model.max_output_tokens and model.max_output_tokens < reserve:
+            key, reserve = f"MEMSUM_MODELS[{model.id}].max_output_tokens", model.max_output_tokens
+        raise ConfigError(
+            f"invalid {key}: the reply reserve of {reserve} tokens leaves"
+            f" {rt.agent.trim_budget_of(model)} of the chat model {model.id}'s context_window"
+            f" {model.context_window} × MEMSUM_TRIM_RATIO {cfg.memsum_trim_ratio} for the persona and"
+            " the conversation; make it smaller or use a model with a larger context_window"
+        )
     personas = [("MEMSUM_PERSONA", rt.config.memsum_persona)]
     personas += [
         (f"MEMSUM_TIERS[{name}].persona", tier.persona or "") for name, tier in rt.config.memsum_tiers.items()

@@ -15,11 +15,12 @@ import re
 import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.fakes.botproc import BotProcess
+from tests.fakes.botproc import BotExitedError, BotProcess
 from tests.fakes.e2e import SELF_ID, connected, group_sid, query, until
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.onebot import FORWARD_ACTIONS, SEND_ACTIONS, OneBotSim, Segment, at, plain_text
@@ -444,3 +445,67 @@ async def test_a_seeded_random_mix_of_commands_and_chatter_keeps_every_invariant
     log = bot.log()
     assert "Traceback" not in log
     assert "ERROR" not in log
+
+
+# ---- wrong .env values, through bot.py -------------------------------------------------------
+SECRET = "sk-audit12-SECRET-4f9a"
+"""The API key of every model of the table: never printed."""
+
+
+def _models(**fields: Any) -> str:
+    return json.dumps(
+        [
+            {
+                "id": "a/b",
+                "base_url": "http://127.0.0.1:9/v1",
+                "api_key": SECRET,
+                "context_window": 32000,
+                **fields,
+            }
+        ]
+    )
+
+
+async def _stops(tmp_path: Path, env: dict[str, str]) -> tuple[int, str]:
+    """bot.py's exit code and log when it must not start."""
+    bot = BotProcess(tmp_path, env={"MEMSUM_MODELS": _models(), **env}, log_level="INFO")
+    with pytest.raises(BotExitedError) as exited:
+        await bot.start()
+    return exited.value.returncode, exited.value.log
+
+
+def _one_line_naming(log: str, key: str) -> str:
+    """The one line of the log that says what is wrong; it names `key`; no traceback, no secret."""
+    assert "Traceback" not in log, log
+    assert SECRET not in log, log
+    said = [line for line in log.splitlines() if "nonebot-plugin-memsum:" in line]
+    assert len(said) == 1, log
+    assert f"invalid {key}:" in said[0], said[0]
+    return said[0]
+
+
+@pytest.mark.parametrize(
+    ("env", "key"),
+    [
+        ({"MEMSUM_REPLY_MAX_TOKENS": "40000"}, "MEMSUM_REPLY_MAX_TOKENS"),
+        ({"MEMSUM_REPLY_MAX_TOKENS": "31900"}, "MEMSUM_REPLY_MAX_TOKENS"),
+        ({"MEMSUM_MODELS": _models(context_window=1000)}, "MEMSUM_REPLY_MAX_TOKENS"),
+        (
+            {"MEMSUM_MODELS": _models(context_window=1000, max_output_tokens=990)},
+            "MEMSUM_MODELS[a/b].max_output_tokens",
+        ),
+    ],
+    ids=["reply-over-window", "reply-nearly-window", "tiny-window", "model-max-output"],
+)
+async def test_a_reply_reserve_that_leaves_no_room_names_the_reserve_not_the_persona(
+    tmp_path: Path, env: dict[str, str], key: str
+) -> None:
+    """Before: with MEMSUM_REPLY_MAX_TOKENS=40000 on a 32000-token model (or a tiny window),
+    bot.py stopped with 「invalid MEMSUM_PERSONA: the persona takes 121 tokens, more than half
+    of the 0 …」 although the owner never set a persona: the built-in one was blamed for the
+    reserve. Now the line names the reserve that leaves no room, and how to fix it."""
+    code, log = await _stops(tmp_path, env)
+    assert code != 0
+    line = _one_line_naming(log, key)
+    assert "MEMSUM_PERSONA" not in line
+    assert "make it smaller or use a model with a larger context_window" in line
