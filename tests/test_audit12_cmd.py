@@ -9,6 +9,7 @@ naming the key (or start with the documented default), never a traceback or a se
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import re
@@ -371,7 +372,7 @@ async def test_a_seeded_random_mix_of_commands_and_chatter_keeps_every_invariant
     rng = random.Random(seed)
     sim.add_member(DRIVER_GROUP, ADMIN, "管理员", role="admin")
     model = Model(stored=dict(await _snapshot(bot)))  # what the other seed left
-    for step in range(30):
+    for step in range(24):
         before_rows = await _user_rows(bot)
         before_settings = await _snapshot(bot)
         assert before_settings == _expected(model), f"step {step}"
@@ -509,3 +510,121 @@ async def test_a_reply_reserve_that_leaves_no_room_names_the_reserve_not_the_per
     line = _one_line_naming(log, key)
     assert "MEMSUM_PERSONA" not in line
     assert "make it smaller or use a model with a larger context_window" in line
+
+
+WRONG_VALUES: list[tuple[str, str, str, str]] = [
+    # (key in .env, value, key the line names, what the line says is expected)
+    ("MEMSUM_COMPRESS_AT", "80%", "MEMSUM_COMPRESS_AT", "valid number"),
+    ("MEMSUM_COMPRESS_AT", "１.５", "MEMSUM_COMPRESS_AT", "full-width"),
+    ("MEMSUM_SUMMARY_BUDGET_RATIO", "0.6", "MEMSUM_SUMMARY_BUDGET_RATIO", "less than or equal to 0.5"),
+    ("MEMSUM_CAPACITY", "fast", "MEMSUM_CAPACITY", "'measured' or 'spec'"),
+    ("MEMSUM_HISTORY_LIMIT", "-1", "MEMSUM_HISTORY_LIMIT", "greater than or equal to 0"),
+    ("MEMSUM_TRIM_RATIO", "0", "MEMSUM_TRIM_RATIO", "greater than 0"),
+    ("MEMSUM_REPLY_MAX_TOKENS", "", "MEMSUM_REPLY_MAX_TOKENS", "the value is empty"),
+    (
+        "MEMSUM_TIERS",
+        '{"onebot.grup": {"compress_at": 0.5}}',
+        "MEMSUM_TIERS",
+        "onebot, onebot.group, onebot.private",
+    ),
+    ("MEMSUM_TIERS", "{onebot: 1}", "MEMSUM_TIERS", "not valid JSON"),
+    (
+        "MEMSUM_TIERS",
+        '{"onebot.group": {"mode": "silent"}}',
+        "MEMSUM_TIERS[onebot.group][mode]",
+        "'on', 'record' or 'off'",
+    ),
+    ("MEMSUM_TOKENIZER", "gpt2", "MEMSUM_TOKENIZER", "o200k_base|cl100k_base"),
+    ("MEMSUM_MAX_TOOL_ROUNDS", "33", "MEMSUM_MAX_TOOL_ROUNDS", "less than or equal to 32"),
+    ("MEMSUM_COMPRESS_CONCURRENCY", "0", "MEMSUM_COMPRESS_CONCURRENCY", "greater than or equal to 1"),
+    ("MEMSUM_RESUME_WINDOW", "1e400", "MEMSUM_RESUME_WINDOW", "finite number"),
+    ("MEMSUM_BACKFILL_HOURS", "169", "MEMSUM_BACKFILL_HOURS", "less than or equal to 168"),
+    ("MEMSUM_BACKFILL_COUNT", "x", "MEMSUM_BACKFILL_COUNT", "valid integer"),
+    ("MEMSUM_DEFAULT_MODE", "开", "MEMSUM_DEFAULT_MODE", "'on', 'record' or 'off'"),
+    ("MEMSUM_USER_COOLDOWN", "-1", "MEMSUM_USER_COOLDOWN", "greater than or equal to 0"),
+    ("MEMSUM_DAILY_TOKEN_CAP", "1.5", "MEMSUM_DAILY_TOKEN_CAP", "valid integer"),
+    ("MEMSUM_TIMEZONE", "UTC+8", "MEMSUM_TIMEZONE", "IANA name such as Asia/Shanghai"),
+    ("MEMSUM_FORWARD_THRESHOLD", "abc", "MEMSUM_FORWARD_THRESHOLD", "valid integer"),
+    ("MEMSUM_GROUP_ADMIN_COMMANDS", "是", "MEMSUM_GROUP_ADMIN_COMMANDS", "valid boolean"),
+    ("MEMSUM_DB_URL", "mysql://memsum:S3cretPW@db/memsum", "MEMSUM_DB_URL", "postgresql://user:password@"),
+    ("MEMSUM_COMMAND_PRIORITY", "-1", "MEMSUM_COMMAND_PRIORITY", "greater than or equal to 0"),
+    ("MEMSUM_WEB_TOKEN", "shortS3cretTok", "MEMSUM_WEB_TOKEN", "at least 16 characters"),
+    ("MEMSUM_LLM_TIMEOUT", "0", "MEMSUM_LLM_TIMEOUT", "greater than 0"),
+    ("MEMSUM_MODELS", _models()[:-2] + ",}]", "MEMSUM_MODELS", "not valid JSON"),
+    ("MEMSUM_MODELS", _models(base_url="ftp://x"), "MEMSUM_MODELS[0][base_url]", "https?://"),
+    ("MEMSUM_MODELS", _models(context_window="32k"), "MEMSUM_MODELS[0][context_window]", "valid integer"),
+    ("MEMSUM_MODELS", _models(price_in=-1), "MEMSUM_MODELS[0][price_in]", "greater than or equal to 0"),
+]
+THROUGH_BOT_PY = (1, 6, 8, 9, 13, 19, 22, 24, 27)
+"""The cases run through bot.py: one of each kind of failure (full-width, empty, broken JSON,
+a nested key, infinity, a time zone, a database URL with a password, a token, a model's
+URL); all of them in-process through the same parser (each bot.py costs seconds)."""
+
+
+def test_r_cfg_1_each_wrong_env_value_is_refused_in_one_line_naming_the_key() -> None:
+    """Every case of the table through the parser bot.py uses (the values as NoneBot's
+    .env reader passes them: JSON-decoded when they decode)."""
+    from nonebot_plugin_memsum.config import ConfigError, parse_config
+
+    for key, value, named, expects in WRONG_VALUES:
+        try:
+            decoded: Any = json.loads(value)
+        except ValueError:
+            decoded = value
+        raw = {"memsum_models": json.loads(_models()), key.lower(): decoded}
+        with pytest.raises(ConfigError) as info:
+            parse_config(raw)
+        line = str(info.value)
+        assert "\n" not in line, (key, value, line)
+        assert line.startswith(f"invalid {named}:"), (key, value, line)
+        assert expects in line, (key, value, line)
+        assert not any(secret in line for secret in (SECRET, "S3cretPW", "shortS3cretTok")), line
+
+
+@pytest.mark.parametrize("chunk", range(0, len(THROUGH_BOT_PY), 5))
+async def test_r_cfg_1_each_kind_of_wrong_env_value_stops_bot_py_with_one_line_naming_the_key(
+    tmp_path: Path, chunk: int
+) -> None:
+    """bot.py with a wrong value stops with a non-zero code and exactly one line naming the
+    key and what it expects; no traceback; neither the API key nor a password or token
+    shown. (Up to five bot.py processes per test, two at a time.)"""
+    gate = asyncio.Semaphore(2)
+
+    async def one(index: int) -> None:
+        key, value, named, expects = WRONG_VALUES[index]
+        async with gate:
+            code, log = await _stops(tmp_path / str(index), {key: value})
+        assert code != 0, (key, value)
+        line = _one_line_naming(log, named)
+        assert expects in line, (key, value, line)
+        for secret in ("S3cretPW", "shortS3cretTok"):
+            assert secret not in log, (key, log)
+
+    await asyncio.gather(*(one(i) for i in THROUGH_BOT_PY[chunk : chunk + 5]))
+
+
+async def test_an_empty_persona_db_path_or_error_reply_starts_with_the_documented_default(
+    tmp_path: Path, llm: ScriptedLLM
+) -> None:
+    """`MEMSUM_PERSONA=` is the built-in persona (.env.example: 「leave empty for the built-in
+    one」), `MEMSUM_DB_PATH=` the localstore data folder, `MEMSUM_ERROR_REPLY=` says nothing
+    when a turn fails (README)."""
+    from nonebot_plugin_memsum.config import DEFAULT_PERSONA
+
+    llm.reset()
+    llm.default = Reply(status=400, error="bad request")  # not retried
+    env = {
+        "MEMSUM_MODELS": json.dumps([llm.model_config()]),
+        "MEMSUM_PERSONA": "",
+        "MEMSUM_DB_PATH": "",
+        "MEMSUM_ERROR_REPLY": "",
+    }
+    async with BotProcess(tmp_path, env=env, log_level="INFO") as proc, connected(proc) as s:
+        got = await said(s, 74001, SUPERUSER, "/人设")
+        assert got == [f"本群人设（全局配置）：\n{DEFAULT_PERSONA}"]
+        assert await said(s, 74001, MEMBER, "小记，在吗", quiet=2) == []  # the model failed: silence
+        assert list((tmp_path / "localstore" / "data").rglob("*.db")), "no database in the data folder"
+        assert not (tmp_path / "memsum.db").exists()
+    assert "Traceback" not in proc.log()
+    llm.reset()
+    llm.on_request(_answer)
