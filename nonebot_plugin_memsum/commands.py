@@ -464,7 +464,7 @@ def _confirm_key(record: SessionRecord, event: MessageEvent) -> tuple[str, str]:
 
 async def _is_confirmation(bot: Bot, event: MessageEvent) -> bool:
     """「确认」 from the user who asked, in the same session, in time; anything else flows on."""
-    if event.get_plaintext().strip() != CONFIRM_WORD:
+    if event.get_plaintext().strip().rstrip(TRAILING).rstrip() != CONFIRM_WORD:  # 「确认。」 too
         return False
     key = _confirm_key(onebot.record_of(bot, event)[0], event)
     deadline = _pending.get(key)

@@ -161,6 +161,32 @@ async def test_a_members_line_that_merely_starts_like_a_command_is_recorded(
     assert (await said(sim, group, SUPERUSER, "/压缩线"))[0].startswith("压缩线 0.8（全局配置）")
 
 
+@pytest.mark.parametrize("typed", ["确认。", "确认！", "确认 。"])
+async def test_r_mem_2_a_confirmation_typed_with_a_full_stop_clears_the_context(
+    bot: BotProcess, sim: OneBotSim, typed: str
+) -> None:
+    """Before: the owner's 「确认。」 (a phone's input method adds the 。) to 「/清除 上下文」's
+    question was not the confirmation: it went to the model as chat (answered 「好的」 in a
+    private chat, stored as a message) and the context stayed, though the owner believed it
+    cleared."""
+    group = 72100 + zlib.crc32(typed.encode()) % 90
+    sid = group_sid(group)
+    await sim.group_message(group, MEMBER, "周末去爬山吗")
+
+    async def one() -> bool:
+        return len(await stored(bot, sid)) == 1
+
+    await until(one, "the member's line stored")
+    asked = await said(sim, group, SUPERUSER, "/清除 上下文")
+    assert asked[0].startswith("将清除本会话的全部上下文和摘要"), asked
+    assert await said(sim, group, SUPERUSER, typed) == ["已清除本会话的上下文和摘要。"]
+    active = "SELECT content FROM messages WHERE session_id = ? AND archived = 0"
+    assert await query(bot.db_path, active, sid) == []
+    assert await stored(bot, sid) == [
+        f"[用户{MEMBER}({MEMBER})] 周末去爬山吗"
+    ]  # archived, 「确认。」 not stored
+
+
 @pytest.mark.parametrize(
     ("rest", "goes_on"),
     [
