@@ -82,6 +82,10 @@ class Reply:
     raw_chunk_bytes: int | None = None
     """With `raw`, streamed: HTTP chunks of this many bytes instead of one per SSE event (a
     network that splits lines, CRLFs and UTF-8 characters anywhere)."""
+    raw_segments: list[tuple[float, bytes]] | None = None
+    """With `raw`, streamed: these HTTP chunks instead, each as (seconds to wait before it, its
+    bytes); they must add up to `raw` (a seeded random segmentation, tests/test_audit12_sse.py).
+    With `cut_after` (any value): the connection is dropped after the last one, no end of body."""
 
 
 Responder = Callable[[dict[str, Any]], Reply | None]
@@ -285,6 +289,10 @@ class _Handler(BaseHTTPRequestHandler):
             if body.get("stream") and reply.status == 200:
                 n = reply.raw_chunk_bytes
                 pieces = _split_events(raw) if n is None else [raw[i : i + n] for i in range(0, len(raw), n)]
+                if reply.raw_segments is not None:
+                    assert b"".join(p for _, p in reply.raw_segments) == raw, "segments must add up to raw"
+                    self._stream_segments(reply.raw_segments, reply)
+                    return
                 self._stream_events(pieces, reply)
             else:
                 ctype = "text/event-stream" if body.get("stream") else "application/json"
@@ -324,6 +332,21 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
 
+    def _stream_segments(self, segments: list[tuple[float, bytes]], reply: Reply) -> None:
+        """Each segment as one HTTP chunk after its wait, then the end of the body."""
+        self._head(200, "text/event-stream", {**reply.headers, "Transfer-Encoding": "chunked"})
+        for wait, data in segments:
+            if wait:
+                time.sleep(wait)
+            if data:  # an empty chunk would end the body
+                self.wfile.write(f"{len(data):X}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+        if reply.cut_after is not None:
+            self.close_connection = True
+            return  # cut: no terminating chunk, the connection just closes
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
     def _json(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
         self._send(
             status, json.dumps(payload, ensure_ascii=False).encode(), "application/json", headers or {}
@@ -336,7 +359,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _head(self, status: int, ctype: str, headers: dict[str, str]) -> None:
         self.send_response(status)
-        self.send_header("Content-Type", ctype)
+        if not any(name.lower() == "content-type" for name in headers):  # a reply may name its own
+            self.send_header("Content-Type", ctype)
         if self.close_connection:
             self.send_header("Connection", "close")
         for name, value in headers.items():
