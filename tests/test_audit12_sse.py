@@ -220,6 +220,99 @@ VLLM_REASONING = sse(
 )
 
 
+# Ollama's OpenAI-compatible endpoint with two tool calls in one answer: every call a whole
+# delta of its own with `"index": 0` (ollama/ollama#15457, still so for models without their own
+# parser, #15497); the chunk as ollama/ollama openai/openai.go `ToChunk` writes it (role
+# "assistant" and content "" in every delta, `system_fingerprint` "fp_ollama", finish reason
+# `tool_calls`), then the usage chunk with `choices: []`. Ids, names and arguments ours.
+_OLLAMA = {
+    "id": "chatcmpl-412",
+    "object": "chat.completion.chunk",
+    "created": 1775700000,
+    "model": "qwen3:8b",
+}
+
+
+def _ollama(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    choice = {"index": 0, "delta": {"role": "assistant", "content": "", **delta}, "finish_reason": finish}
+    return {**_OLLAMA, "system_fingerprint": "fp_ollama", "choices": [choice]}
+
+
+def _ollama_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    call = {"id": call_id, "index": 0, "type": "function", "function": {"name": name, "arguments": arguments}}
+    return _ollama({"tool_calls": [call]})
+
+
+OLLAMA_TOOLS = sse(
+    _ollama_call("call_k3kd9xq1", "recall", '{"query":"提取码"}'),
+    _ollama_call("call_7fz2m0ab", "recall", '{"query":"会议","speaker":"小红"}'),
+    _ollama({}, "tool_calls"),
+    {
+        **_OLLAMA,
+        "system_fingerprint": "fp_ollama",
+        "choices": [],
+        "usage": {"prompt_tokens": 412, "completion_tokens": 58, "total_tokens": 470},
+    },
+)
+
+# Gemini's OpenAI endpoint calling two tools: no `index` on any tool delta, each call begun in
+# a delta of its own with its `id`, the second one's arguments split over a later indexless
+# delta without an id, `extra_content.google.thought_signature` beside a call, and finish
+# reason `stop` with the usage (open-webui/computer#224, a representative stream of it;
+# THU-MAIC/OpenMAIC#1556, a measured chunk; AstrBot#6661). Signatures and arguments ours.
+_SIGNATURE = {"google": {"thought_signature": "CvMBAePx/14fa2c7e"}}
+GEMINI_TOOLS = sse(
+    {
+        **_GEMINI,
+        "choices": [
+            {
+                "delta": {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {
+                            "extra_content": _SIGNATURE,
+                            "function": {"arguments": '{"query":"周五"}', "name": "recall"},
+                            "id": "function-call-1",
+                            "type": "function",
+                        }
+                    ],
+                },
+                "index": 0,
+            }
+        ],
+    },
+    {
+        **_GEMINI,
+        "choices": [
+            {
+                "delta": {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {
+                            "function": {"arguments": '{"items":[{"text":', "name": "todo_write"},
+                            "id": "function-call-2",
+                            "type": "function",
+                        }
+                    ],
+                },
+                "index": 0,
+            }
+        ],
+    },
+    {
+        **_GEMINI,
+        "choices": [
+            {
+                "delta": {"role": "assistant", "tool_calls": [{"function": {"arguments": '"开会"}]}'}}]},
+                "finish_reason": "stop",
+                "index": 0,
+            }
+        ],
+        "usage": {"completion_tokens": 30, "prompt_tokens": 955, "total_tokens": 985},
+    },
+)
+
+
 # --- What each stream must give ------------------------------------------------------------
 
 
@@ -282,6 +375,32 @@ STREAMS: dict[str, tuple[bytes, Expected]] = {
     "vllm-reasoning": (
         VLLM_REASONING,
         Expected("三点。", "用户问几点开会。", (), Usage(77, 19, 0), "stop"),
+    ),
+    "ollama-tools": (
+        OLLAMA_TOOLS,
+        Expected(
+            "",
+            "",
+            (
+                ("call_k3kd9xq1", "recall", '{"query":"提取码"}'),
+                ("call_7fz2m0ab", "recall", '{"query":"会议","speaker":"小红"}'),
+            ),
+            Usage(412, 58, 0),
+            "tool_calls",
+        ),
+    ),
+    "gemini-tools": (
+        GEMINI_TOOLS,
+        Expected(
+            "",
+            "",
+            (
+                ("function-call-1", "recall", '{"query":"周五"}'),
+                ("function-call-2", "todo_write", '{"items":[{"text":"开会"}]}'),
+            ),
+            Usage(955, 30, 0),
+            "stop",
+        ),
     ),
     "llamacpp-no-done": (
         transcript("llamacpp_no_done.sse"),

@@ -721,6 +721,10 @@ class _Stream:
     reasoning_content: list[str] = field(default_factory=list)
     """The `reasoning_content` deltas alone (ChatResult.reasoning_content)."""
     calls: dict[int, _PartialCall] = field(default_factory=dict)
+    """Each call in the order it began."""
+    slots: dict[int, int] = field(default_factory=dict)
+    """The provider's `index` of a call delta (its place in the delta's list when it sends none)
+    → the call it continues now."""
     finish_reason: str | None = None
     usage: Usage | None = None
     done: bool = False
@@ -740,7 +744,8 @@ class _Stream:
                 if thought is delta.get("reasoning_content"):
                     self.reasoning_content.append(thought)
             for pos, part in enumerate(delta.get("tool_calls") or ()):
-                self._feed_call(part.get("index", pos), part)
+                index = part.get("index")
+                self._feed_call(index if isinstance(index, int) else pos, part)
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
 
@@ -750,7 +755,17 @@ class _Stream:
             self.usage = usage
 
     def _feed_call(self, index: int, part: Mapping[str, Any]) -> None:
-        call = self.calls.setdefault(index, _PartialCall())
+        # A delta with an id other than its index's call begins a new call: Ollama sends every
+        # call as `index: 0` (ollama/ollama#15457, #15497), Gemini's OpenAI endpoint and some
+        # proxies send no index at all (open-webui/computer#224, AstrBot#6661), `null` others
+        # (chatanywhere/GPT_API_free#254). Joined by index, two calls became one named
+        # "get_weatherget_time" with arguments `{…}{…}`. A delta without an id continues the
+        # call its index began last.
+        slot = self.slots.get(index)
+        new_id = part.get("id") or ""
+        if slot is None or (new_id and self.calls[slot].id not in ("", new_id)):
+            slot = self.slots[index] = len(self.calls)
+        call = self.calls.setdefault(slot, _PartialCall())
         call.id = call.id or part.get("id") or ""
         function = part.get("function") or {}
         name = function.get("name") or ""
