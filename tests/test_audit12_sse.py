@@ -730,3 +730,34 @@ async def test_a_randomly_segmented_stream_in_a_turn_answers_and_stores_the_answ
         rows = con.execute("SELECT purpose, tokens_in, tokens_out, tokens_cached FROM ledger").fetchall()
     assert rows == [("对话", 1560, 27, 1408)]
     assert "答应他".encode() not in stored_bytes(rt)  # the thinking is neither stored nor sent
+
+
+# --- A body that is not what its Content-Encoding says ---------------------------------------
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_body_labelled_gzip_that_is_not_is_a_bad_response(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig, stream: bool
+) -> None:
+    """A proxy that adds `Content-Encoding: gzip` to a body it did not compress: httpx's
+    DecodingError escaped the client, so a turn logged a traceback as if the plugin were broken
+    and /压缩 said 「内部错误：DecodingError」."""
+    body = transcript("openai_stream_usage.sse") if stream else json.dumps({"choices": []}).encode()
+    llm.push(Reply(raw=body, headers={"Content-Encoding": "gzip"}))
+    with pytest.raises(LLMBadResponse) as caught:
+        await client.chat(model, MESSAGES, purpose="对话", stream=stream)
+    assert "Content-Encoding (gzip)" in str(caught.value)
+    assert "不是聊天接口的格式" in in_chinese(caught.value)
+
+
+async def test_a_compression_on_a_body_labelled_gzip_names_the_model_not_an_internal_error(
+    rt: Runtime, llm: ScriptedLLM
+) -> None:
+    for i in range(4):
+        await rt.agent.record(GROUP, Message(role="user", content=f"[小明(12345)] 第{i}句", name="12345"))
+    llm.default = Reply(raw=b"data: plain\n\n", headers={"Content-Encoding": "gzip"})
+    with pytest.raises(api.CompressionError) as caught:
+        await api.compress(GROUP.id)
+    llm.default = Reply()
+    assert caught.value.reason.startswith("摘要模型出错：test/model 回答不是聊天接口的格式")
+    assert [m.content for m in await api.history(GROUP.id)] == [f"[小明(12345)] 第{i}句" for i in range(4)]

@@ -340,6 +340,15 @@ class LLMClient:
                     await resp.aread()
                 except httpx.TimeoutException:
                     raise
+                except httpx.DecodingError:
+                    # A body that is not what its Content-Encoding says (a proxy that labels a
+                    # plain stream gzip): httpx's own error is no LLMError, and was reported as
+                    # an internal error of the plugin, with a traceback.
+                    encoding = resp.headers.get("content-encoding", "?")
+                    raise LLMBadResponse(
+                        f"{model.id}: the body cannot be decoded as its Content-Encoding ({encoding}) says",
+                        model_id=model.id,
+                    ) from None
                 except httpx.TransportError as err:
                     raise LLMStreamCut(
                         f"{model.id}: connection dropped mid-reply ({_detail(err, model)})", model_id=model.id
