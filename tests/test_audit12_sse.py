@@ -426,9 +426,12 @@ NOISE = [
     b"event: ping\n\n",  # a field without data: no event (WHATWG HTML, server-sent events)
     b"retry: 3000\n\n",
     b"\n",  # a stray blank line
+    b"data:\n\n",  # a gateway's heartbeat (NousResearch/hermes-agent#111887, netease-lcap/wave-agent#1326)
+    b"data: \n\n",
 ]
-"""Blocks a server may put between events: none of them is an event (WHATWG HTML, "Interpreting
-an event stream": comments, other fields and blank lines dispatch nothing without `data`)."""
+"""Blocks a server may put between events, none of them a chunk: comments, other fields and blank
+lines dispatch nothing (WHATWG HTML, "Interpreting an event stream"); a bare `data:` dispatches
+an event with empty data, which gateways send as a heartbeat."""
 FIELDS = [b"event: message\n", b"id: 17\n", b": chunk\n"]
 """Lines a server may put inside an event before its data (`event:` names the event type,
 `id:` the last event id; sse-starlette writes `id:`/`event:` before `data:`)."""
@@ -730,6 +733,18 @@ async def test_a_randomly_segmented_stream_in_a_turn_answers_and_stores_the_answ
         rows = con.execute("SELECT purpose, tokens_in, tokens_out, tokens_cached FROM ledger").fetchall()
     assert rows == [("对话", 1560, 27, 1408)]
     assert "答应他".encode() not in stored_bytes(rt)  # the thinking is neither stored nor sent
+
+
+async def test_a_gateways_bare_data_heartbeat_is_no_chunk(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig
+) -> None:
+    """A gateway that sends `data:` with nothing after it while the model thinks (the issues in
+    NOISE): read as a chunk, every reply that lasted past the first heartbeat failed with
+    「回答不是聊天接口的格式」, and the group got the error reply."""
+    events = transcript("openai_stream_usage.sse").split(b"\n\n")
+    body = b"\n\n".join([b"data:", events[0], b"data: ", *events[1:3], b"data:", *events[3:]])
+    llm.push(Reply(raw=body))
+    assert outcome(await chat(client, model)) == STREAMS["openai"][1]
 
 
 # --- A body that is not what its Content-Encoding says ---------------------------------------

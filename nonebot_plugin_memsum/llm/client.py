@@ -941,6 +941,10 @@ def _ended(line: bytes) -> bool:
 
 
 def _dispatch(model: ModelConfig, acc: _Stream, payload: bytes) -> None:
+    if not payload.strip():
+        # A bare `data:` line: the heartbeat of some gateways (NousResearch/hermes-agent#111887,
+        # Growth-Circle/cadis#362), no chunk. Read as one, it failed the whole reply.
+        return
     if payload.strip() == b"[DONE]":
         acc.done = True
         return
