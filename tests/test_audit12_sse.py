@@ -747,6 +747,25 @@ async def test_a_gateways_bare_data_heartbeat_is_no_chunk(
     assert outcome(await chat(client, model)) == STREAMS["openai"][1]
 
 
+@pytest.mark.parametrize("cut", [1, 2, 3, 5])
+async def test_a_leading_byte_order_mark_loses_no_words(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig, cut: int
+) -> None:
+    """A stream that starts with a UTF-8 BOM (WHATWG HTML, "Interpreting an event stream": one
+    leading BOM must be ignored; the same fix in openai/openai-python#3819, assistant-ui#6954),
+    the BOM split over reads: Gemini's first chunk already carries words, and they were dropped
+    while the rest was sent and stored as the whole answer. No provider is known to send one;
+    the decoder promises the standard's reading."""
+    body = "\ufeff".encode() + GEMINI_TEXT
+    llm.push(Reply(raw=body, raw_segments=[(0, body[:cut]), (0.001, body[cut:])]))
+    assert outcome(await chat(client, model)) == STREAMS["gemini"][1]
+    # Only the first one: a BOM later in the body is data (here inside a chunk's JSON string).
+    llm.push(
+        Reply(raw=sse({**_GEMINI, "choices": [{"delta": {"content": "\ufeff好"}, "finish_reason": "stop"}]}))
+    )
+    assert (await chat(client, model)).content == "\ufeff好"
+
+
 # --- A body that is not what its Content-Encoding says ---------------------------------------
 
 

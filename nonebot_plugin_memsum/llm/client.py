@@ -892,10 +892,22 @@ class SSEDecoder:
         self._tail = b""
         """The last line so far, not ended yet (or ended by a CR whose LF may come next)."""
         self._data: list[bytes] = []
+        self._begun = False
+        """Whether the body's first bytes were seen (and a leading BOM dropped)."""
 
     def feed(self, chunk: bytes) -> list[bytes]:
         """The data of the events this chunk completes."""
-        lines = (self._tail + chunk).splitlines(keepends=True)
+        data = self._tail + chunk
+        if not self._begun:
+            # "One leading U+FEFF BYTE ORDER MARK character must be ignored if any are present"
+            # (same section): kept, it made the first line an unknown field and its chunk was
+            # lost, the first words of a Gemini answer, say, which starts in its first chunk.
+            if len(data) < len(_BOM) and _BOM.startswith(data):
+                self._tail = data  # the BOM may be split over reads
+                return []
+            self._begun = True
+            data = data.removeprefix(_BOM)
+        lines = data.splitlines(keepends=True)
         self._tail = lines.pop() if lines and not _ended(lines[-1]) else b""
         return self._events(lines)
 
@@ -922,6 +934,9 @@ class SSEDecoder:
                 out.append(b"\n".join(self._data))
                 self._data = []
         return out
+
+
+_BOM = "\ufeff".encode()
 
 
 def _field_error(value: bytes) -> bytes:
