@@ -560,7 +560,7 @@ PROXY_PAGE = (
 BROKEN: dict[str, tuple[Reply, type[LLMError], str]] = {
     # The connection dropped in the middle of a chunk's JSON (no end of body).
     "cut-mid-json": (
-        Reply(raw=_HEAD[0] + b"\n\n" + _HEAD[1][:90], raw_segments=None, cut_after=2),
+        Reply(raw=_HEAD[0] + b"\n\n" + _HEAD[1][:90], cut_after=0),
         LLMStreamCut,
         "中途断开",
     ),
@@ -593,17 +593,14 @@ BROKEN: dict[str, tuple[Reply, type[LLMError], str]] = {
 }
 
 
-def _segmented(reply: Reply, seed: int) -> Reply:
-    """The reply in random segments (its `raw` unchanged), unless it names its own."""
-    if reply.raw is None or reply.raw_segments is not None or reply.cut_after is not None:
+def served(reply: Reply, seed: int) -> Reply:
+    """`reply` as the server sends it: in the segments it names, else its `raw` in random ones
+    (then the connection dropped, when it has a `cut_after`)."""
+    if reply.raw is None or reply.raw_segments is not None:
         return reply
     raw = reply.raw if isinstance(reply.raw, bytes) else reply.raw.encode()
-    return Reply(raw=raw, raw_segments=segments(raw, random.Random(seed)), headers=reply.headers)
-
-
-def _cut(reply: Reply) -> Reply:
-    raw = reply.raw if isinstance(reply.raw, bytes) else (reply.raw or "").encode()
-    return Reply(raw=raw, raw_segments=segments(raw, random.Random(3)), cut_after=1)
+    parts = segments(raw, random.Random(seed))
+    return Reply(raw=raw, raw_segments=parts, headers=reply.headers, cut_after=reply.cut_after)
 
 
 @pytest.mark.parametrize("name", list(BROKEN))
@@ -612,7 +609,7 @@ async def test_a_broken_stream_is_a_clear_error_in_bounded_time(
 ) -> None:
     reply, kind, said = BROKEN[name]
     for seed in (1, 2):
-        llm.push(_cut(reply) if reply.cut_after is not None else _segmented(reply, seed))
+        llm.push(served(reply, seed))
         started = time.monotonic()
         with pytest.raises(kind) as caught:
             await chat(client, model)
@@ -687,11 +684,7 @@ async def test_a_broken_stream_in_a_turn_sends_the_error_reply_and_keeps_the_que
 
     broken = TURN_BREAKS[name]
     # The default answer: a 503 is tried again (RetryPolicy), and gets the same each time.
-    llm.default = (
-        _cut(broken)
-        if broken.cut_after is not None and broken.raw_segments is None
-        else _segmented(broken, 5)
-    )
+    llm.default = served(broken, 5)
     started = time.monotonic()
     assert await api.run_turn(GROUP.id, reply, IN_GROUP) == "error"
     assert time.monotonic() - started < 3
