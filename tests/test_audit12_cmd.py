@@ -196,6 +196,9 @@ async def test_r_mem_2_a_confirmation_typed_with_a_full_stop_clears_the_context(
         ("。", False),
         ("！？", False),
         ("包怎么解压", True),
+        ("100000", False),  # 「/限额100000」: an owner's number typed without the space
+        ("０.５", False),
+        ("7天", False),
     ],
 )
 def test_what_follows_a_command_name_decides_whether_it_is_the_command(rest: str, goes_on: bool) -> None:

@@ -43,6 +43,18 @@ async def test_r_cfg_2_superuser_sets_and_resets_compress_at_for_the_session(app
     assert (await runtime.get().store.get_settings("session", sid)).get("compress_at") is None
 
 
+async def test_r_cfg_2_a_number_typed_right_after_the_command_name_sets_it(app: App) -> None:
+    # 「/压缩线0.3」 without the space is the command (a longer word, 「/压缩包…」, is chat).
+    group = new_group()
+    sid = group_record(SELF_ID, group).id
+    await run(
+        app,
+        group_msg("/压缩线0.3", group),
+        f"已将本会话的压缩线设为 0.3。\n现在：压缩线 0.3（本会话）；{NO_USAGE}",
+    )
+    assert (await runtime.get().store.get_settings("session", sid)).get("compress_at") == 0.3
+
+
 async def test_r_cfg_2_group_layer_is_set_with_qun_and_the_session_still_wins(app: App) -> None:
     group = new_group()
     await run(

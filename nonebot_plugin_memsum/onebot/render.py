@@ -130,8 +130,11 @@ TRAILING = "。．.！!？?，,、；;…～~"
 
 def word_goes_on(rest: str) -> bool:
     """Whether the text right after a command's name makes it a longer word: 「/压缩包怎么解压」
-    is a member asking about zip files, not /压缩; 「/摘要」「/摘要 今天」「/摘要。」 are the command."""
-    return bool(rest) and not rest[0].isspace() and bool(rest.rstrip().rstrip(TRAILING))
+    is a member asking about zip files, not /压缩; 「/摘要」「/摘要 今天」「/摘要。」 are the command,
+    and so is a number typed without the space (「/限额100000」「/压缩线０.５」「/用量7天」)."""
+    if not rest or rest[0].isspace() or rest[0].isdigit():  # full-width digits are digits too
+        return False
+    return bool(rest.rstrip().rstrip(TRAILING))
 
 
 def is_empty(message: OBMessage) -> bool:
