@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import AsyncIterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from nonebot_plugin_memsum.compression.budget import compression_line
+from tests.fakes import web
 from tests.fakes.web import (
     CHAT_TURNS,
     COMPRESSIONS,
@@ -138,6 +141,24 @@ async def test_sign_in_overview_group_page_and_its_chart(browser: Browser, env: 
     await expect(page.locator("#usage-bars rect")).to_have_count(len({(r.day, r.purpose) for r in rows}))
     await expect(page.locator("#csv")).to_have_attribute("href", "api/usage.csv?days=30")
     await shot(page, "usage")
+
+
+async def test_the_usage_bars_show_only_what_each_day_used(
+    browser: Browser, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The seeded talk starts ten minutes before a midnight: the first day has chat calls
+    # only, the second chat and summary calls. The chart drew an empty bar for the first
+    # day's summaries too (4 where 3 have usage); the chart test above saw it between
+    # midnight and 3 a.m.
+    midnight = datetime.fromtimestamp(time.time() - 3 * 3600).replace(
+        hour=0, minute=0, second=0, microsecond=0
+    )
+    monkeypatch.setattr(web, "T0", midnight.timestamp() - 600)
+    async with web_env(tmp_path) as env:
+        page = await signed_in(browser, env)
+        await page.click("nav a[href='#/usage']")
+        await expect(page.locator("#usage-table tbody tr")).to_have_count(3)
+        await expect(page.locator("#usage-bars rect")).to_have_count(3)
 
 
 async def test_a_new_compression_line_is_used_by_the_next_compression(browser: Browser, env: WebEnv) -> None:

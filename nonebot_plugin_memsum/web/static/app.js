@@ -335,6 +335,7 @@ function barChart(rows) {
   days.forEach((day, i) => {
     let top = H - B;
     purposes.forEach((p, j) => {
+      if (!total(day, p)) return; // no bar for a purpose that day had none of
       const h = (total(day, p) / max) * (H - B - 10);
       top -= h;
       parts.push(svg("rect", { x: L + i * bw + 1, y: top, width: Math.max(1, bw - 2), height: h, fill: colors[j % colors.length] }, svg("title", {}, `${day} ${p}：${num(total(day, p))} token`)));
