@@ -26,6 +26,7 @@ from tests.fakes.e2e import SELF_ID, connected, group_sid, query, until
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.onebot import FORWARD_ACTIONS, SEND_ACTIONS, OneBotSim, Segment, at, plain_text
 from tests.fakes.onebot import text as seg
+from tests.fakes.seeds import seeds
 
 SUPERUSER = 10001
 ADMIN = 20900
@@ -386,7 +387,7 @@ def _chat_lines(rng: random.Random, tag: str) -> tuple[str, bool]:
     )
 
 
-@pytest.mark.parametrize("seed", [12, 1207])
+@pytest.mark.parametrize("seed", seeds([12], [1207]))
 async def test_a_seeded_random_mix_of_commands_and_chatter_keeps_every_invariant(
     bot: BotProcess, sim: OneBotSim, llm: ScriptedLLM, seed: int
 ) -> None:

@@ -42,6 +42,7 @@ from tests.fakes.botproc import BotProcess
 from tests.fakes.e2e import SELF_ID, connected, group_sid, query, running_bot, until
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.onebot import FORWARD_ACTIONS, SEND_ACTIONS, OneBotSim, as_segments, at, plain_text, text
+from tests.fakes.seeds import seeds
 
 pytestmark = pytest.mark.e2e
 
@@ -81,7 +82,7 @@ BAD_VALUES: dict[str, list[str]] = {
 }
 
 
-SEEDS = [1, 2, 3, 4]
+SEEDS = seeds([1, 2], [3, 4])
 STEPS_PER_SEED = 60
 
 
