@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import re
-import unicodedata
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, tzinfo
@@ -41,7 +40,17 @@ from .lru import LRU
 from .onebot.fastpath import Claim
 from .onebot.render import TRAILING, word_goes_on
 from .permission import SUPERUSER, SUPERUSER_OR_GROUP_ADMIN
-from .settings import MODE_WORDS, Resolved, SettingName, place_key, place_scope, validate
+from .settings import (
+    MODE_WORDS,
+    NO_CAP_WORD,
+    RESET_WORD,
+    Resolved,
+    SettingName,
+    place_key,
+    place_scope,
+    typed,
+    validate,
+)
 from .store import SearchQuery, StoreError
 from .store.search import match_expression
 from .types import SessionRecord
@@ -166,12 +175,6 @@ def setting_text(name: SettingName, resolved: Resolved, status: SessionStatus) -
     return f"{head}；当前 {status.active_messages} 条"
 
 
-def typed(word: str) -> str:
-    """A word as typed with a Chinese input method in full-width mode (「０．５」, 「７天」)
-    read as its ASCII spelling."""
-    return unicodedata.normalize("NFKC", word)
-
-
 def parse_setting(name: SettingName, word: str) -> float | int:
     """A value typed in chat, checked against the allowed range (ValueError in Chinese)."""
     try:
@@ -223,7 +226,7 @@ async def _setting(name: SettingName, call: _Call) -> str:
         return "私聊没有群设置。"  # asked to show or to change: either way there is no group
     if words:
         where = "本会话" if scope == "session" else "本群"
-        if words[0] == "默认":
+        if words[0] == RESET_WORD:
             await rt.settings.reset(name, scope, key)
             done = f"已恢复{where}的{title}为默认。"
         else:
@@ -257,10 +260,10 @@ async def _mode(call: _Call) -> str:
     scope, key = place_scope(call.record)
     where = _SCOPE_WORDS[scope]
     words = call.args
-    if len(words) > 1 or (words and words[0] not in (*_WORD_MODES, "默认")):
+    if len(words) > 1 or (words and words[0] not in (*_WORD_MODES, RESET_WORD)):
         return "用法：/记忆模式 [开|仅记录|关|默认]"
     before = (await rt.settings.of_place("mode", call.record)).value
-    if words == ("默认",):
+    if words == (RESET_WORD,):
         await rt.settings.reset("mode", scope, key)
     elif words:
         await rt.settings.set("mode", scope, key, _WORD_MODES[words[0]])
@@ -275,7 +278,7 @@ async def _mode(call: _Call) -> str:
         # question does not wait for the backlog's compression.
         await rt.compression.judge_recorded(call.record.id, Entry(call.record.platform, call.record.kind))
     logger.info(f"memsum: {call.event.user_id} set the mode of {scope} {key}: {words[0]}")
-    done = f"已恢复{where}模式为默认。" if words == ("默认",) else f"已将{where}模式设为 {words[0]}。"
+    done = f"已恢复{where}模式为默认。" if words == (RESET_WORD,) else f"已将{where}模式设为 {words[0]}。"
     return f"{done}\n现在：{now}"
 
 
@@ -286,7 +289,7 @@ async def _persona(call: _Call) -> str:
     where = _SCOPE_WORDS[scope]
     text = call.text.strip()
     done = ""
-    if text == "默认":
+    if text == RESET_WORD:
         await rt.settings.reset("persona", scope, key)
         done = f"已恢复{where}人设为默认。"
     elif text:
@@ -344,11 +347,11 @@ async def _cap(call: _Call) -> str:
     words = call.args
     if len(words) > 1:
         return "用法：/限额 [token 数|无|默认]"
-    if words == ("默认",):
+    if words == (RESET_WORD,):
         await rt.settings.reset("daily_token_cap", scope, key)
     elif words:
         try:
-            value = 0 if words[0] == "无" else parse_setting("daily_token_cap", words[0])
+            value = 0 if words[0] == NO_CAP_WORD else parse_setting("daily_token_cap", words[0])
             await rt.settings.set("daily_token_cap", scope, key, value)
         except ValueError as err:
             return f"没有修改：{err}。"

@@ -129,9 +129,10 @@ def check_personas(rt: Runtime) -> None:
     if model is not None and persona_overflow(rt, DEFAULT_PERSONA):
         # No persona fits: the reply reserve (or the window) is wrong, not the persona.
         cfg = rt.config
-        key, reserve = "MEMSUM_REPLY_MAX_TOKENS", cfg.memsum_reply_max_tokens
-        if model.max_output_tokens and model.max_output_tokens < reserve:
-            key, reserve = f"MEMSUM_MODELS[{model.id}].max_output_tokens", model.max_output_tokens
+        reserve = rt.agent.reply_reserve(model.max_output_tokens)
+        key = "MEMSUM_REPLY_MAX_TOKENS"
+        if reserve < cfg.memsum_reply_max_tokens:  # the model's own cap is the smaller
+            key = f"MEMSUM_MODELS[{model.id}].max_output_tokens"
         raise ConfigError(
             f"invalid {key}: the reply reserve of {reserve} tokens leaves"
             f" {rt.agent.trim_budget_of(model)} of the chat model {model.id}'s context_window"

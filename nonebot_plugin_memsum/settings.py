@@ -9,6 +9,7 @@ layers and writes the stored ones.
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -30,6 +31,10 @@ COPIED_TO_CHILDREN: tuple[SettingName, ...] = ("compress_at", "history_limit")
 """R-CFG-3 is about the compression settings; a child has no place to be switched off in."""
 Value = float | int | str
 MODE_WORDS: dict[Mode, str] = {"on": "开", "record": "仅记录", "off": "关"}
+RESET_WORD = "默认"
+"""Typed as a setting's value (a command's, the web page's field): back to the layer below."""
+NO_CAP_WORD = "无"
+"""Typed as the daily token cap: no cap (0)."""
 MAX_DAILY_CAP = 10**12
 _CONFIG_KEYS: dict[SettingName, str] = {
     "compress_at": "memsum_compress_at",
@@ -263,3 +268,9 @@ class Settings:
                 await tx.set_setting("session", child.id, name, resolved[name].value)
         self._stored.pop(("session", child.id), None)
         return stored
+
+
+def typed(word: str) -> str:
+    """A word as typed with a Chinese input method in full-width mode (「０．５」, 「７天」)
+    read as its ASCII spelling."""
+    return unicodedata.normalize("NFKC", word)

@@ -751,7 +751,7 @@ async def test_default_typed_into_a_setting_on_the_page_restores_it_as_in_chat(b
 
 async def test_a_value_typed_in_full_width_or_as_a_word_is_read_on_the_page_as_in_chat(bot: Bot) -> None:
     """A phone's Chinese keyboard in full-width mode types 「０．７」; chat's /压缩线 ０．７ takes
-    it (commands.typed), the page said 「请填写数字」. /限额 无 turns the cap off, 无 on the page
+    it (settings.typed), the page said 「请填写数字」. /限额 无 turns the cap off, 无 on the page
     was 「请填写数字」 too. Now the page reads them as chat does; a word that is no number is
     still refused, in Chinese, and changes nothing."""
     sid = await fresh_group(bot, 73902, "全角测试群")

@@ -105,9 +105,11 @@ def excerpt(m: Message, words: Sequence[str], size: int, zone: tzinfo | None = N
     at its end), its head when none is found."""
     head, body = _parts(m, zone)
     room = max(1, size - len(head) - 2)
-    if words and not any(w in body.lower() for w in words):
+    low = body.lower()
+    if words and not any(w in low for w in words):
         body = unicodedata.normalize("NFKC", body)  # full-width text holds the words only normalised
-    found = [i for w in words if (i := body.lower().find(w)) >= 0]
+        low = body.lower()
+    found = [i for w in words if (i := low.find(w)) >= 0]
     start = max(0, min(min(found) - room // 4, len(body) - room)) if found else 0
     piece = body[start : start + room]
     return f"→ {head}{'…' if start else ''}{piece}{'…（过长，已截断）' if start + room < len(body) else ''}"

@@ -32,7 +32,7 @@ from nonebot_plugin_memsum.compression.trigger import Backoff
 from nonebot_plugin_memsum.config import ModelConfig
 from nonebot_plugin_memsum.lru import LRU
 from nonebot_plugin_memsum.runtime import Runtime, persona_refusal
-from nonebot_plugin_memsum.settings import MODE_WORDS, SETTING_NAMES
+from nonebot_plugin_memsum.settings import MODE_WORDS, RESET_WORD, SETTING_NAMES
 from nonebot_plugin_memsum.store import SearchQuery
 from nonebot_plugin_memsum.types import DailyUsage, Message, SessionRecord
 
@@ -47,8 +47,6 @@ CROSS_SITE = (
 )
 """The page itself sees it only when a proxy hides the browser's host and the browser sends
 no `Sec-Fetch-Site` (plain http to a LAN address): then the fix is the proxy's."""
-RESET_WORD = "默认"
-"""Typed into a setting's field: back to the layer below, as the chat commands read it."""
 SEARCH_LIMIT = 20
 RECENT = 30
 """The newest conversation messages a session's page shows."""

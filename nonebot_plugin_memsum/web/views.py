@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import io
 import re
-import unicodedata
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, fields
 from typing import Any
@@ -17,7 +16,15 @@ from typing import Any
 from nonebot_plugin_memsum.compression.budget import compression_line
 from nonebot_plugin_memsum.compression.templates import CHAT, WORK, heading
 from nonebot_plugin_memsum.config import Config, ModelConfig
-from nonebot_plugin_memsum.settings import MODE_WORDS, SETTING_NAMES, place_key, resolve, tier_keys
+from nonebot_plugin_memsum.settings import (
+    MODE_WORDS,
+    NO_CAP_WORD,
+    SETTING_NAMES,
+    place_key,
+    resolve,
+    tier_keys,
+    typed,
+)
 from nonebot_plugin_memsum.store import UsageRow
 from nonebot_plugin_memsum.types import (
     CompressionRecord,
@@ -61,8 +68,8 @@ def setting_input(name: str, value: float | str) -> float | str | None:
         return words.get(str(value), str(value))
     if name == "persona" or not isinstance(value, str):
         return value
-    word = unicodedata.normalize("NFKC", value).strip()
-    if name == "daily_token_cap" and word == "无":
+    word = typed(value).strip()
+    if name == "daily_token_cap" and word == NO_CAP_WORD:
         return 0
     try:
         return float(word)
