@@ -8,6 +8,7 @@ the plugin opens nothing.
 from __future__ import annotations
 
 import asyncio
+import functools
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from typing import Any
 from nonebot.log import logger
 
 from .agent.events import EventBus
-from .agent.recall import register_recall_tool
+from .agent.recall import mask_withdrawn, register_recall_tool
 from .agent.tools import TODO_TOOL, StoreTodoProvider, TodoProvider, ToolRegistry, register_todo_tool
 from .agent.turn import Agent
 from .compression.service import CompressionService
@@ -51,6 +52,12 @@ class Runtime:
     """Names, arrival tickets and recording locks of the OneBot layer, bounded."""
     indexing: asyncio.Task[None] | None = None
     """Keeps the search index in step with the messages (store/search.py)."""
+
+    async def mark_withdrawn(self, session_id: str, platform_id: str) -> None:
+        """`Store.mark_withdrawn`, with the session's recall results that show those messages
+        masked as the recall tool wrote them (its time zone)."""
+        mask = functools.partial(mask_withdrawn, zone=zone_of(self.config))
+        await self.store.mark_withdrawn(session_id, platform_id, mask)
 
     def use_todos(self, provider: TodoProvider | None) -> None:
         """The todo list the work template reads (R-RUN-4, the spec's todoList) and the built-in

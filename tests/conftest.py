@@ -17,6 +17,7 @@ from tests.fakes.llm_server import ScriptedLLM
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from nonebot_plugin_memsum.store import Store
     from tests.fakes.agent import MakeRuntime
     from tests.fakes.pgserver import PgServer
     from tests.fakes.service import Env, Make
@@ -79,6 +80,17 @@ async def location(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncItera
     server: PgServer = request.getfixturevalue("pg_server")  # tests/fakes/pgserver.py
     async with fresh_database(server.url()) as url:
         yield url
+
+
+@pytest.fixture
+async def store(location: Path | str) -> "AsyncIterator[Store]":
+    """A store open on `location` (each engine), closed after the test; a module may define its own."""
+    from nonebot_plugin_memsum.store import Store
+
+    s = Store(location)
+    await s.open()
+    yield s
+    await s.close()
 
 
 @pytest.fixture(scope="module")

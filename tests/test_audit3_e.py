@@ -42,14 +42,6 @@ def said(name: str, qq: int, body: str, ts: float) -> Message:
     return Message(role="user", content=f"[{name}({qq})] {body}", name=str(qq), ts=ts)
 
 
-@pytest.fixture
-async def store(location: Path | str) -> AsyncIterator[Store]:
-    s = Store(location)
-    await s.open()
-    yield s
-    await s.close()
-
-
 HIKE = "上周六去香山爬山吧，早上八点东门集合 😀"
 SYNTAX = '他说 "NEAR" OR (AND) -x *y NOT ^z body:w 走'
 

@@ -22,7 +22,6 @@ import json
 import re
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -217,14 +216,6 @@ async def _withdrawn(bot: BotProcess, sid: str) -> bool:
 
 
 # ---- the store, both engines --------------------------------------------------------------
-@pytest.fixture
-async def store(location: Path | str) -> AsyncIterator[Store]:
-    s = Store(location)
-    await s.open()
-    yield s
-    await s.close()
-
-
 GROUP = "onebot:10000:group:96100"
 T0 = time.time() - 30 * 86400
 """A month ago: what a member looks for weeks later."""

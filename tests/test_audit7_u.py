@@ -183,14 +183,6 @@ async def test_a_message_withdrawn_in_a_private_chat_is_sent_as_the_placeholder_
 
 
 # ---- the store, the cache, the wire memo, the estimates: both engines -------------------
-@pytest.fixture
-async def store(location: Path | str) -> AsyncIterator[Store]:
-    s = Store(location)
-    await s.open()
-    yield s
-    await s.close()
-
-
 def said(name: str, qq: int, body: str, ts: float, platform_id: str) -> Message:
     msg = Message(role="user", content=f"[{name}({qq})] {body}", name=str(qq), ts=ts, platform_id=platform_id)
     return replace(msg, tokens=estimate_msg_tokens(msg, keep=False))  # as the agent stores it

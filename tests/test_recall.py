@@ -12,7 +12,7 @@ import asyncio
 import hashlib
 import itertools
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
@@ -54,14 +54,6 @@ _ts = itertools.count()
 
 def said(name: str, qq: int, body: str, ts: float | None = None) -> Message:
     return Message(role="user", content=f"[{name}({qq})] {body}", name=str(qq), ts=ts or T0 + next(_ts))
-
-
-@pytest.fixture
-async def store(location: Path | str) -> AsyncIterator[Store]:
-    s = Store(location)
-    await s.open()
-    yield s
-    await s.close()
 
 
 async def find(store: Store, session: str, text: str = "", **kw: object) -> list[str]:

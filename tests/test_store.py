@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import sqlite3
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,16 +52,6 @@ def _tool_call_msg(call_id: str, ts: float) -> Message:
         ts=ts,
         metadata={"visibleContent": "好的", "nested": {"k": [1, 2.5, None, "中文"]}},
     )
-
-
-@pytest.fixture
-async def store(location: Path | str) -> AsyncIterator[Store]:
-    from nonebot_plugin_memsum.store import Store
-
-    s = Store(location)
-    await s.open()
-    yield s
-    await s.close()
 
 
 # --- migrations ---------------------------------------------------------------

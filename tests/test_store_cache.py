@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import tracemalloc
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -40,14 +39,6 @@ async def _slip_in(location: Path | str, session_id: str, content: str) -> None:
 
 def _texts(history: list[Message]) -> list[str]:
     return [m.content for m in history]
-
-
-@pytest.fixture
-async def store(location: Path | str) -> AsyncIterator[Store]:
-    s = Store(location)
-    await s.open()
-    yield s
-    await s.close()
 
 
 async def _filled(store: Store, n: int = 3) -> list[Message]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -172,14 +171,6 @@ async def _has(sim: OneBotSim, mark: int, said: str) -> bool:
 
 
 # ---- the store: what is still pending, on both engines ---------------------------------
-@pytest.fixture
-async def store(location: Path | str) -> AsyncIterator[Store]:
-    s = Store(location)
-    await s.open()
-    yield s
-    await s.close()
-
-
 async def test_a_withdrawn_question_is_no_longer_pending(store: Store) -> None:
     sid = "qq:1:group:5"
     assert not await store.questions_withdrawn(sid)  # nothing asked: nothing withdrawn either

@@ -20,7 +20,7 @@ from typing import Any
 from nonebot_plugin_memsum import clock
 from nonebot_plugin_memsum.store import SearchHit, SearchQuery, Store
 from nonebot_plugin_memsum.store.search import match_expression, query_words, speaker_of, split_label
-from nonebot_plugin_memsum.types import REFUSED_TEXT, Message, is_refused
+from nonebot_plugin_memsum.types import REFUSED_TEXT, WITHDRAWN_TEXT, Message, is_refused
 
 from .tools import ToolContext, ToolRegistry
 
@@ -99,6 +99,10 @@ def line(m: Message, zone: tzinfo | None = None) -> str:
     return "".join(_parts(m, zone))
 
 
+_CUT_HEAD = "…"
+_CUT_TAIL = "…（过长，已截断）"
+
+
 def excerpt(m: Message, words: Sequence[str], size: int, zone: tzinfo | None = None) -> str:
     """A hit too long for the result, as `→ 时间 [昵称(ID)] …正文…` of about `size` characters: the
     part around the first of the query words it holds (a long announcement's extraction code is
@@ -112,7 +116,37 @@ def excerpt(m: Message, words: Sequence[str], size: int, zone: tzinfo | None = N
     found = [i for w in words if (i := low.find(w)) >= 0]
     start = max(0, min(min(found) - room // 4, len(body) - room)) if found else 0
     piece = body[start : start + room]
-    return f"→ {head}{'…' if start else ''}{piece}{'…（过长，已截断）' if start + room < len(body) else ''}"
+    return f"→ {head}{_CUT_HEAD if start else ''}{piece}{_CUT_TAIL if start + room < len(body) else ''}"
+
+
+def mask_withdrawn(result: str, gone: Sequence[Message], zone: tzinfo | None = None) -> str:
+    """A stored recall result with every line that shows one of the `gone` messages (withdrawn on
+    the platform since) read as the model reads the message itself: its head and WITHDRAWN_TEXT.
+    A line shows a message when it is that message's `line` (or `excerpt`) as `render` wrote it
+    in `zone`; another message of the same speaker and minute with other words stays."""
+    lines = result.split("\n")
+    for m in gone:
+        head, body = _parts(m, zone)
+        for i, text in enumerate(lines):
+            prefix, rest = text[:2], text[2:]
+            if prefix not in ("→ ", "  ") or not rest.startswith(head):
+                continue
+            rest = rest[len(head) :]
+            if rest == body or (_is_excerpt(rest) and _excerpt_piece(rest) in _normalised(body)):
+                lines[i] = prefix + head + WITHDRAWN_TEXT
+    return "\n".join(lines)
+
+
+def _is_excerpt(rest: str) -> bool:
+    return rest.startswith(_CUT_HEAD) or rest.endswith(_CUT_TAIL)
+
+
+def _excerpt_piece(rest: str) -> str:
+    return rest.removesuffix(_CUT_TAIL).removeprefix(_CUT_HEAD)
+
+
+def _normalised(body: str) -> str:
+    return body + "\n" + unicodedata.normalize("NFKC", body)  # `excerpt` may have cut either
 
 
 def render(

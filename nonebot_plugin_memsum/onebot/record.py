@@ -313,7 +313,7 @@ async def record_notice(bot: Bot, event: NoticeEvent, arrival: Arrival | None = 
             await rt.onebot.arrivals.wait_turn(arrival)
         async with rt.onebot.recording.hold(record.id):
             if withdrawn is not None:
-                await rt.store.mark_withdrawn(record.id, withdrawn)  # after the message, in order
+                await rt.mark_withdrawn(record.id, withdrawn)  # after the message, in order
                 rt.onebot.withdrawn[(record.id, withdrawn)] = None
                 if off:
                     return None

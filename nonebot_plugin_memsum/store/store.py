@@ -23,7 +23,7 @@ import datetime
 import json
 import math
 import unicodedata
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -52,6 +52,8 @@ SUMMARY_NAMESPACE = "summary"
 """Metadata namespace of the summaries, key = session id (R-MEM-1)."""
 
 ClearKind = Literal["context", "summary"]
+RecallMask = Callable[[str, Sequence[Message]], str]
+"""A stored recall result with what it shows of these withdrawn messages masked."""
 ReplyState = Literal["sending", "sent"]
 
 _MESSAGE_COLUMNS = (
@@ -350,16 +352,41 @@ class Tx:
             (platform_id, session_id, text),
         )
 
-    async def mark_withdrawn(self, session_id: str, platform_id: str) -> None:
+    async def mark_withdrawn(self, session_id: str, platform_id: str, mask: RecallMask | None = None) -> None:
         """The session's messages stored under this platform id were withdrawn on the platform
         (group_recall, friend_recall): kept, but found by a search only when it asks for them
         (`SearchQuery.withdrawn`), and read back as `Message.withdrawn` (the model reads a
-        placeholder): the session's cached history is read again."""
+        placeholder): the session's cached history is read again. `mask`: what an active
+        `recall` tool result stored after them holds of them, rewritten the same way
+        (agent/recall.py `mask_withdrawn`), so the model does not read the text there either."""
         self._touched.add(session_id)
         await self._write(
             "UPDATE messages SET withdrawn = 1 WHERE session_id = ? AND platform_id = ?",
             (session_id, platform_id),
         )
+        if mask is None:
+            return
+        gone = [
+            _message_from_row(r)
+            for r in await self._fetch(
+                f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ? AND platform_id = ?"
+                " ORDER BY id",
+                (session_id, platform_id),
+            )
+        ]
+        if not gone:
+            return
+        results = await self._fetch(
+            "SELECT id, content FROM messages WHERE session_id = ? AND archived = 0 AND id > ?"
+            " AND role = 'tool' AND name = 'recall'",
+            (session_id, gone[0].id),
+        )
+        for msg_id, content in results:
+            if (masked := mask(content, gone)) != content:
+                # The stored estimate was of the old text: read back without one (recomputed).
+                await self._write(
+                    "UPDATE messages SET content = ?, tokens = NULL WHERE id = ?", (masked, msg_id)
+                )
 
     async def session_of_platform_id(self, prefix: str, platform_id: str) -> str | None:
         """The session, among those whose id starts with `prefix`, that stored a message under
@@ -1212,9 +1239,9 @@ class Store:
         async with self._statement() as tx:
             await tx.name_answer(session_id, text, platform_id)
 
-    async def mark_withdrawn(self, session_id: str, platform_id: str) -> None:
-        async with self._statement() as tx:
-            await tx.mark_withdrawn(session_id, platform_id)
+    async def mark_withdrawn(self, session_id: str, platform_id: str, mask: RecallMask | None = None) -> None:
+        async with self.transaction() as tx:
+            await tx.mark_withdrawn(session_id, platform_id, mask)
 
     async def session_of_platform_id(self, prefix: str, platform_id: str) -> str | None:
         async with self._statement() as tx:
