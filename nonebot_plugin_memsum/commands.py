@@ -38,7 +38,7 @@ from .config import PERSONA_MAX, Config, Mode
 from .llm.tokens import estimate_text_tokens
 from .lru import LRU
 from .onebot.fastpath import Claim
-from .onebot.render import TRAILING, word_goes_on
+from .onebot.render import TRAILING, bidi_visible, word_goes_on
 from .permission import SUPERUSER, SUPERUSER_OR_GROUP_ADMIN
 from .settings import (
     MODE_WORDS,
@@ -135,7 +135,8 @@ def status_text(status: SessionStatus, zone: tzinfo | None = None) -> str:
     lines: list[str] = []
     if status.summary:
         when = f"（{format_time(status.summary_time, zone)}）" if status.summary_time else ""
-        lines += [f"本会话摘要{when}：", status.summary.strip(), ""]
+        # The summary model quotes members, direction controls and all.
+        lines += [f"本会话摘要{when}：", bidi_visible(status.summary.strip()), ""]
     else:
         lines.append("本会话还没有摘要。")
     lines.append(f"保留原文 {status.kept_messages} 条")
@@ -438,7 +439,8 @@ async def _recall(call: _Call) -> str:
     hits = await runtime.get().store.search(replace(query, limit=RECALL_LIMIT + 1))
     if not hits:
         return recall.NOTHING
-    lines = [recall.line(h.message, zone) for h in hits[:RECALL_LIMIT]]
+    # The recall tool hands the model the same lines as said; the owner sees the controls.
+    lines = [bidi_visible(recall.line(h.message, zone)) for h in hits[:RECALL_LIMIT]]
     if len(hits) > RECALL_LIMIT:
         head = (
             f"找到 {RECALL_LIMIT} 条以上，只列出最相关的 {RECALL_LIMIT} 条"

@@ -46,12 +46,14 @@ _NOTICE_LIKE = re.compile(rf"{_LINE_START}{_LEAD}[\[［]{_GAP}通[{_INVISIBLE}]*
 
 
 # ---- text ---------------------------------------------------------------------------
+# The direction controls (UAX #9's explicit formatting characters and its marks): invisible,
+# they reorder what follows them up to the paragraph's end on screen, never for the model.
+_BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+_BIDI_RE = re.compile(f"[{_BIDI}]")
 # What a name may not hold: brackets and parentheses (the label's own), every line break the
 # label check counts as one (a card with U+2028 split its label over two lines), and the
 # direction controls that turn the rest of a line around on the owner's screen.
-_NAME_BREAKERS = re.compile(
-    r"[\[\]［］【】()（）\t\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"
-)
+_NAME_BREAKERS = re.compile(f"[\\[\\]［］【】()（）\t\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029{_BIDI}]")
 
 
 def clean_name(name: str | None, fallback: str) -> str:
@@ -60,6 +62,16 @@ def clean_name(name: str | None, fallback: str) -> str:
     # str(): a malformed event may carry a number where a name belongs.
     cleaned = _NAME_BREAKERS.sub("", str(name or "")).strip()[:MAX_NAME]
     return cleaned or fallback
+
+
+def bidi_visible(text: str) -> str:
+    """Chat text as the owner reads it (/回忆, /摘要, the web page): each direction control as
+    `<U+202E>`. A right-to-left override reorders the rest of its line on screen while the
+    model reads code points, so a member could show the owner a line another member seems
+    to have said (Trojan Source, CVE-2021-42574); shown, it reorders nothing and the owner
+    sees it was there. Dropped instead, the owner could not tell. Display only: what is
+    stored and what the model reads keep it (R-MEM)."""
+    return _BIDI_RE.sub(lambda m: f"<U+{ord(m.group()):04X}>", text)
 
 
 def label(name: str | None, user_id: int | str) -> str:
