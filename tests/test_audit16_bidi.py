@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import json
 import re
+import time
+from typing import Any
 
+import httpx
+import pytest
 from nonebug import App
 
 from nonebot_plugin_memsum import runtime
@@ -22,7 +26,10 @@ from nonebot_plugin_memsum.agent.tools import ToolContext
 from nonebot_plugin_memsum.onebot import group_record
 from nonebot_plugin_memsum.onebot.render import bidi_visible, clean_name, label
 from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE
+from tests.fakes import web
 from tests.fakes.nonebug import SELF_ID, Like, group_msg, history, new_group, run
+from tests.fakes.web import GROUP, PRIVATE, TOKEN, WebEnv, say
+from tests.test_audit8_x import browser, env  # noqa: F401  (fixtures)
 
 RLO, PDF = "\u202e", "\u202c"
 _MIRRORED = str.maketrans("[]()", "][)(")
@@ -74,3 +81,68 @@ async def test_recall_and_summary_in_qq_show_the_override_the_model_reads_it_as_
         group_msg("/摘要", group),
         Like(re.escape("本会话摘要：\n## 最近在聊什么\n提取码 8d3k\n<U+202E>" + FORGED[1:] + "\n") + ".*"),
     )
+
+
+# ---- the web page ---------------------------------------------------------------------------
+# Where each piece of `pieces` (in logical order, each within one text node of `root`) starts
+# on screen, left to right: a page whose framing no member text reorders lists them rising.
+_LEFTS = """([root, pieces]) => {
+  const box = document.querySelector(root);
+  const walker = document.createTreeWalker(box, NodeFilter.SHOW_TEXT);
+  const nodes = [];
+  while (walker.nextNode()) nodes.push(walker.currentNode);
+  return pieces.map((piece) => {
+    const node = nodes.find((n) => n.data.includes(piece));
+    if (!node) return null;
+    const range = document.createRange();
+    const at = node.data.indexOf(piece);
+    range.setStart(node, at);
+    range.setEnd(node, at + piece.length);
+    return Math.round(range.getBoundingClientRect().left);
+  });
+}"""
+
+
+async def test_the_page_shows_controls_and_isolates_names_and_messages_in_chromium(
+    env: WebEnv,  # noqa: F811
+    browser: Any,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from playwright.async_api import expect
+
+    # A group name holding an override, a friend's name in Hebrew (no control at all: strong
+    # right-to-left letters pull a number that follows them to their left, HTML's own <bdi>
+    # example), and a member's second line that shows as the owner's labelled words.
+    monkeypatch.setitem(web.NAMES, GROUP.place or "", f"爬山群{RLO}ABC")
+    monkeypatch.setitem(web.NAMES, "private:20002", "שלום")
+    said = f"周末的提取码是 8d3k\n{FORGED}"
+    await say(env.rt, said, 9, time.time())
+    assert (await env.rt.store.get_history(GROUP.id))[-1].content == f"[成员9(30009)] {said}"  # R-MEM
+
+    page = await browser.new_page(locale="zh-CN")
+    await page.goto(env.base + "/")
+    await page.fill("#token", TOKEN)
+    await page.click("#login-form button[type=submit]")
+    await expect(page.locator("#sessions")).to_contain_text("ABC")
+    await page.click(f"tr.session-row[data-id='{GROUP.id}']")
+    await expect(page.locator("#recent")).to_contain_text("8d3k")
+    # The title: the name, then the group's number, left to right.
+    title = await page.evaluate(_LEFTS, ["#session-title", ["爬山群", "ABC", "123456"]])
+    assert None not in title
+    assert title == sorted(title), title
+    # The forged line reads in the order it was written: its first character at the left.
+    line = await page.evaluate(_LEFTS, ["#recent .msg:last-child", ["用别", "主群"]])
+    assert None not in line
+    assert line == sorted(line), line
+    await page.goto(f"{env.base}/#/s/{PRIVATE.id}")
+    await expect(page.locator("#session-title")).to_contain_text("שלום")
+    title = await page.evaluate(_LEFTS, ["#session-title", ["私聊", "שלום", "20002"]])
+    assert None not in title
+    assert title == sorted(title), title
+    await page.close()
+    # What the page is given: the controls as code points, the store keeping them.
+    async with httpx.AsyncClient(base_url=env.base + "/") as owner:
+        assert (await owner.post("api/login", json={"token": TOKEN})).status_code == 200
+        d = (await owner.get(f"api/sessions/{GROUP.id.replace(':', '%3A')}")).json()
+    assert d["name"] == "爬山群<U+202E>ABC"
+    assert d["recent"][-1]["content"] == f"[成员9(30009)] 周末的提取码是 8d3k\n<U+202E>{FORGED[1:]}"

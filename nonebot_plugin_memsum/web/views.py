@@ -1,7 +1,8 @@
 """What the web page shows, as plain data: pure functions over store records, no I/O.
 
 Every text that came from chat (messages, summaries, names) is passed on as data; the
-page puts it into the document as text, never as markup.
+page puts it into the document as text, never as markup, and each in an isolate of its
+own (<bdi>). Direction controls in it are shown as code points (`render.bidi_visible`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from nonebot_plugin_memsum.compression.budget import compression_line
 from nonebot_plugin_memsum.compression.templates import CHAT, WORK, heading
 from nonebot_plugin_memsum.config import Config, ModelConfig
+from nonebot_plugin_memsum.onebot.render import bidi_visible
 from nonebot_plugin_memsum.settings import (
     MODE_WORDS,
     NO_CAP_WORD,
@@ -87,9 +89,10 @@ def session_title(sid: str, record: SessionRecord | None, names: Mapping[str, st
     )
     if record is not None and record.kind == "group" and record.place:
         number = record.place.split(":", 1)[-1]
-        return {"kind": "群聊", "number": number, "name": names.get(record.place, ""), "account": account}
+        name = bidi_visible(names.get(record.place, ""))
+        return {"kind": "群聊", "number": number, "name": name, "account": account}
     if record is not None and record.kind == "private" and record.peer:
-        name = names.get(f"private:{record.peer}", "")
+        name = bidi_visible(names.get(f"private:{record.peer}", ""))
         return {"kind": "私聊", "number": record.peer, "name": name, "account": account}
     kind = record.kind if record is not None else "internal"
     return {"kind": "内部" if kind == "internal" else kind, "number": "", "name": sid, "account": ""}
@@ -104,7 +107,7 @@ def summary_sections(text: str | None) -> list[dict[str, str]]:
         return []
     sections: list[dict[str, str]] = []
     title, body = "", []
-    for line in text.splitlines():
+    for line in bidi_visible(text).splitlines():
         bracketed = _BRACKETED.match(line)
         head = heading(line, _TITLES)
         found = bracketed.group(1).strip() if bracketed else head[0] if head else None
@@ -128,7 +131,7 @@ def message_view(msg: Message, withdrawn: Collection[int] = ()) -> dict[str, Any
         "id": msg.id,
         "ts": msg.ts,
         "role": msg.role,
-        "content": msg.content,
+        "content": bidi_visible(msg.content),
         "withdrawn": msg.withdrawn or msg.id in withdrawn,
     }
     if is_refused(msg):  # the provider's content review refused it: the model reads a placeholder

@@ -1,5 +1,6 @@
 // 记忆摘要管理页: plain JavaScript, no library. Everything that came from chat is put
-// into the page with textContent, never as HTML.
+// into the page with textContent, never as HTML, and in a <bdi> of its own: right-to-left
+// text in a name or message cannot reorder the numbers, times and words around it.
 "use strict";
 
 const state = { csrf: null, timer: null, sort: "usage_ratio", desc: true, filter: "", kind: "", days: 30 };
@@ -150,7 +151,7 @@ async function overviewPage() {
       const order = typeof x === "string" ? byName.compare(x, y) : x < y ? -1 : x > y ? 1 : 0;
       return order * (state.desc ? -1 : 1); });
     body.replaceChildren(...rows.map((s) => el("tr", { class: "clickable session-row", "data-id": s.id, onclick: () => { location.hash = "#/s/" + encodeURIComponent(s.id); } },
-      el("td", { "data-label": "会话" }, el("div", {}, el("span", { class: "tag" }, s.kind), " ", s.name || s.number || s.id), subtitle(s) ? el("div", { class: "small muted" }, subtitle(s)) : null),
+      el("td", { "data-label": "会话" }, el("div", {}, el("span", { class: "tag" }, s.kind), " ", el("bdi", {}, s.name || s.number || s.id)), subtitle(s) ? el("div", { class: "small muted" }, subtitle(s)) : null),
       hasMode ? el("td", { "data-label": "模式" }, s.settings.mode ? s.settings.mode.text : "—",
         s.daily_cap && s.daily_cap.spent ? [" ", el("span", { class: "tag bad", title: `今日 ${num(s.daily_cap.used)} / 限额 ${num(s.daily_cap.cap)}` }, "今日限额已用完")] : null) : null,
       el("td", { class: "num", "data-label": "活跃" }, num(s.active)),
@@ -215,7 +216,7 @@ const withdrawnTag = (m) => m.withdrawn ? el("span", { class: "tag warn" }, "已
 
 function messageList(messages, empty) {
   if (!messages.length) return empty ? el("p", { class: "muted" }, empty) : null;
-  return el("div", {}, messages.map((m) => el("div", { class: "msg" }, el("span", { class: "when" }, when(m.ts)), withdrawnTag(m), el("span", { class: "pre" }, m.content))));
+  return el("div", {}, messages.map((m) => el("div", { class: "msg" }, el("span", { class: "when" }, when(m.ts)), withdrawnTag(m), el("bdi", { class: "pre" }, m.content))));
 }
 
 function settingRow(sid, s, group, modes) {
@@ -234,7 +235,7 @@ function settingRow(sid, s, group, modes) {
   };
   return el("tr", { class: "setting", "data-name": s.name },
     el("td", { "data-label": "设置" }, s.title),
-    el("td", { "data-label": "当前值" }, el("b", { class: s.name === "persona" ? "pre" : "" }, s.text), " ", el("span", { class: "tag" }, s.layer_label)),
+    el("td", { "data-label": "当前值" }, el("b", { class: s.name === "persona" ? "pre" : "" }, el("bdi", {}, s.text)), " ", el("span", { class: "tag" }, s.layer_label)),
     el("td", { "data-label": "修改" }, el("div", { class: "row" }, input, scope,
       el("button", { type: "button", class: "save", onclick: () => save(input.value) }, "保存"),
       el("button", { type: "button", class: "plain reset", onclick: () => save(null) }, "恢复默认"))));
@@ -259,7 +260,7 @@ async function sessionPage(sid) {
   const show = (results, more) => out.replaceChildren(...(results.length ? results : [null]).map((x) => x ? hitView(x) : el("p", { class: "muted" }, "没有找到。")),
     more ? el("p", { class: "muted small" }, `只列出最相关的 ${results.length} 条，还有更多：加关键词、发言人或日期可缩小范围。`) : null);
   const hitView = (x) => el("div", { class: "hit" },
-    messageList(x.before, ""), el("div", { class: "msg found" }, el("span", { class: "when" }, when(x.hit.ts)), withdrawnTag(x.hit), el("span", { class: "pre" }, x.hit.content)),
+    messageList(x.before, ""), el("div", { class: "msg found" }, el("span", { class: "when" }, when(x.hit.ts)), withdrawnTag(x.hit), el("bdi", { class: "pre" }, x.hit.content)),
     messageList(x.after, ""));
   // The page refreshes itself every few seconds: the last search of this session stays.
   if (state.search && state.search.sid === sid) {
@@ -279,7 +280,7 @@ async function sessionPage(sid) {
   searchBox.append(form, el("p", { class: "muted small" }, "搜索本会话的全部消息（含已归档的和已撤回的，后者标出「已撤回」），不含清除过的；每条结果带前后各两条。"), out);
   setMain(
     el("p", {}, el("a", { href: "#/" }, "← 返回总览")),
-    el("h1", { id: "session-title" }, el("span", { class: "tag" }, d.kind), " ", d.name || d.number || d.id, d.name && d.number ? el("span", { class: "muted small" }, " " + d.number) : null,
+    el("h1", { id: "session-title" }, el("span", { class: "tag" }, d.kind), " ", el("bdi", {}, d.name || d.number || d.id), d.name && d.number ? el("span", { class: "muted small" }, " " + d.number) : null,
       d.account ? el("span", { class: "muted small" }, " · 账号 " + d.account) : null),
     el("div", { id: "flash", class: "notice", hidden: true }),
     el("div", { class: "card stats" },
