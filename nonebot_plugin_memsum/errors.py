@@ -24,6 +24,7 @@
         ├── LLMStreamCut          the reply stopped before its end
         ├── LLMLengthLimit        the reply was cut at the output limit (it carries the result)
         ├── LLMContentFilter      the provider's content filter stopped the reply
+        ├── LLMErrorReply         a 2xx answer that is an error naming no HTTP status
         └── LLMBadResponse        an answer that is not a completion
 
 Callers branch on the class, never on the text: the messages are for people (Chinese

@@ -19,9 +19,12 @@ Decisions:
   older Azure api-versions and some gateways; `max_tokens` on OpenAI reasoning models;
   `reasoning_effort`) is asked again once without it, and the model is not sent it again
   for the life of the process. Usage then comes from the estimate when none is reported.
-- An error event in a stream before any answer, whose `code` is an HTTP status (llama.cpp
-  and SGLang answer 200 and then say that the prompt is longer than the context), is that
-  status's error, not a cut stream: a 400 stays a 400 (R-RUN-9's retry knows it).
+- An error sent with HTTP 200 (an event in a stream before any answer, or the whole body in
+  place of a completion) whose `code` is an HTTP status (llama.cpp and SGLang answer 200 and
+  then say that the prompt is longer than the context; gateways and vLLM wrappers answer their
+  errors with 200) is that status's error, not a cut stream nor a bad body: a 400 stays a 400
+  (R-RUN-9's retry knows it), a 429 or 5xx is retried. Without a status it is the provider's
+  own error (LLMErrorReply), never the hint to check base_url.
 - Reasoning never reaches the caller's text: `reasoning_content` / `reasoning` and a
   leading `<think>` block go to `ChatResult.reasoning` (reasoning.py).
 - A reply the provider ended itself (finish reason `content_filter`, Zhipu's `sensitive` and
@@ -57,6 +60,7 @@ from .errors import (
     LLMConnectError,
     LLMContentFilter,
     LLMError,
+    LLMErrorReply,
     LLMLengthLimit,
     LLMStatusError,
     LLMStreamCut,
@@ -537,6 +541,11 @@ def _error_text(body: bytes) -> str:
         data = json.loads(body)
     except ValueError:
         return body.decode("utf-8", "replace").strip()
+    return _message(data)
+
+
+def _message(data: object) -> str:
+    """The message of an error body read as JSON, else the JSON itself."""
     if isinstance(data, list) and len(data) == 1:
         data = data[0]  # Gemini's OpenAI endpoint: `[{"error": {...}}]`
     if (failed := _base_resp(data)) is not None:
@@ -557,6 +566,41 @@ _BASE_RESP_STATUS = {1000: 500, 1001: 504, 1002: 429, 1004: 401, 1008: 429, 1013
 HTTP status they mean: 1000 unknown, 1001 timeout, 1002 requests and 1039 tokens per minute, 1004
 authentication, 1008 insufficient balance, 1013 internal error; any other (1026/1027 sensitive
 content, 2013 bad parameters) is a refusal of the request: 400."""
+
+
+def _said_error(data: object) -> tuple[int | None, str] | None:
+    """(HTTP status, text) of an error a provider sent with HTTP 200 in place of a completion or
+    a chunk: `{"error": …}`, vLLM's bare ErrorResponse (`"object": "error"`), MiniMax's `base_resp`.
+    The status is the error's `code` when that is a 4xx or 5xx, else None; None when no error."""
+    if (failed := _base_resp(data)) is not None:
+        return failed
+    if not isinstance(data, dict):
+        return None
+    error = data.get("error")
+    if not error and data.get("object") != "error":
+        return None
+    code = (error if isinstance(error, dict) else data).get("code")
+    status = code if isinstance(code, int) and not isinstance(code, bool) and 400 <= code < 600 else None
+    return status, _message(data)
+
+
+def _error_reply(
+    model: ModelConfig, said: tuple[int | None, str], where: str, *, answered: bool = False
+) -> LLMError:
+    """The error for what `_said_error` read (`where`: "in the stream", "with HTTP 200"). Before any
+    answer, a server that sent its 200 before it looked at the request (llama.cpp before PR #16486,
+    SGLang before PR #21900, gateways) says its status in the body: taken as that status, so a
+    context too long is known as one (R-RUN-9's retry) and a 429 or 5xx is retried; without a
+    status it is still the provider's own error, not a bad base_url. After part of an answer: a cut."""
+    status, text = said
+    detail = _detail(text, model)
+    if answered:
+        return LLMStreamCut(f"{model.id}: error mid-stream: {detail}", model_id=model.id)
+    if status is not None:
+        return status_error(
+            status, f"{model.id}: HTTP {status} ({where}): {detail}", model_id=model.id, retry_after=None
+        )
+    return LLMErrorReply(f"{model.id}: error {where}: {detail}", model_id=model.id)
 
 
 def _base_resp(data: object) -> tuple[int, str] | None:
@@ -620,14 +664,8 @@ def _retry_info(body: bytes) -> float | None:
 def _parse_completion(model: ModelConfig, body: bytes) -> ChatResult:
     try:
         data = json.loads(body)
-        if (failed := _base_resp(data)) is not None:
-            status, said = failed
-            raise status_error(
-                status,
-                f"{model.id}: error with HTTP 200: {_detail(said, model)}",
-                model_id=model.id,
-                retry_after=None,
-            )
+        if (said := _said_error(data)) is not None:
+            raise _error_reply(model, said, "with HTTP 200")
         choice = data["choices"][0]
         message = choice["message"]
         raw_calls = message.get("tool_calls") or ()
@@ -969,24 +1007,9 @@ def _dispatch(model: ModelConfig, acc: _Stream, payload: bytes) -> None:
         raise LLMBadResponse(f"{model.id}: unreadable stream chunk", model_id=model.id) from None
     if not isinstance(chunk, dict):
         raise LLMBadResponse(f"{model.id}: unreadable stream chunk", model_id=model.id)
-    if (failed := _base_resp(chunk)) is not None:
-        chunk = {"error": {"code": failed[0], "message": failed[1]}}
-        payload = _dumps(chunk)
-    if error := chunk.get("error"):
-        detail = _detail(_error_text(payload), model)
-        code = error.get("code") if isinstance(error, dict) else None
-        answered = any(acc.content) or any(acc.reasoning) or acc.calls  # a role chunk's "" is none
-        if isinstance(code, int) and not isinstance(code, bool) and 400 <= code < 600 and not answered:
-            # A server that sent its 200 before it looked at the request (llama.cpp before
-            # PR #16486, SGLang before PR #21900, some gateways) says its status in the event:
-            # taken as that status, so a context too long is known as one (R-RUN-9's retry).
-            raise status_error(
-                code,
-                f"{model.id}: HTTP {code} (in the stream): {detail}",
-                model_id=model.id,
-                retry_after=None,
-            )
-        raise LLMStreamCut(f"{model.id}: error mid-stream: {detail}", model_id=model.id)
+    if (said := _said_error(chunk)) is not None:
+        answered = bool(any(acc.content) or any(acc.reasoning) or acc.calls)  # a role chunk's "" is none
+        raise _error_reply(model, said, "in the stream", answered=answered)
     try:
         acc.feed(chunk)
     except (LookupError, TypeError, AttributeError):

@@ -14,6 +14,7 @@ The hierarchy:
   + LLMStreamCut
   + LLMLengthLimit
   + LLMContentFilter
+  + LLMErrorReply
   + LLMBadResponse
 
 Messages are short, name the model id (and the HTTP status), and are built here from
@@ -184,6 +185,11 @@ class LLMContentFilter(LLMError):
         self.result = result
 
 
+class LLMErrorReply(LLMError):
+    """The API answered 2xx with an error of its own in place of a reply, naming no HTTP status
+    (one that names one is that status's LLMStatusError): the provider's words, not a bad base_url."""
+
+
 class LLMBadResponse(LLMError):
     """The API answered 2xx with a body that is not a chat completion."""
 
@@ -216,6 +222,7 @@ _IN_CHINESE: tuple[tuple[type[LLMError], str], ...] = (
     (LLMStreamCut, "回复中途断开"),
     (LLMLengthLimit, "输出到上限被截断"),
     (LLMContentFilter, "的回复被服务商的内容审核拦下"),
+    (LLMErrorReply, "返回了错误而不是回复"),
     (LLMBadResponse, "回答不是聊天接口的格式（base_url 应是 OpenAI 兼容接口的根，通常以 /v1 结尾）"),
 )
 

@@ -1,0 +1,205 @@
+"""Audit 16 (llm): answers of the OpenAI-compatible client that ended in a misleading message.
+
+An error sent with HTTP 200 as the whole body (a gateway, a vLLM wrapper, a server that ignored
+`stream: true`) was "not a chat completion" and the owner was told to check base_url; a stream
+of only `data: [DONE]` was an empty answer, and the turn ended silent as if the model chose to.
+Each fixture cites where its bytes come from; all go through the real client against the
+scripted server, the real SQLite store and the real compression service.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nonebot_plugin_memsum.config import ModelConfig
+from nonebot_plugin_memsum.llm.client import LLMClient
+from nonebot_plugin_memsum.llm.errors import (
+    LLMBadRequest,
+    LLMErrorReply,
+    LLMServerError,
+    in_chinese,
+    is_context_too_long,
+)
+from nonebot_plugin_memsum.runtime import Runtime
+from tests.fakes import providers
+from tests.fakes.llm_server import API_KEY, Reply, ScriptedLLM
+from tests.fakes.logs import captured
+from tests.fakes.providers import APOLOGY, GROUP, MESSAGES, ask_in_group, sse
+from tests.fakes.service import Make
+from tests.test_audit6_p import (
+    test_r_run_9_streamed_context_error_retries_under_the_literal_rule as literal_retry,
+)
+
+# The shared fixtures, bound here so that pytest finds them.
+fresh_llm, model, client, rt = providers.fresh_llm, providers.model, providers.client, providers.rt
+
+BASE_URL_HINT = "base_url"
+
+
+# ---- an error as the whole body, with HTTP 200 ----------------------------------------------------
+# A gateway that answers an upstream's failure with 200 and the error object, its status in
+# `code` (azrtydxb/Fastllm-proxy#28, quoted: HTTP=200, this body, "5 of 8 concurrent calls came
+# back this way").
+FASTLLM_UPSTREAM_502 = json.dumps(
+    {
+        "error": {
+            "message": "Upstream error from Nvidia: ResourceExhausted: Worker local total request limit"
+            " reached (1)",
+            "code": 502,
+        }
+    }
+)
+# vLLM's ErrorResponse at the top level, as RunPod's worker-vllm answered it with HTTP 200
+# (runpod-workers/worker-vllm#57, quoted: "HTTP/2 200", this body for a model that does not exist).
+VLLM_WORKER_404 = json.dumps(
+    {
+        "code": 404,
+        "message": "The model `a model that does not exist` does not exist.",
+        "object": "error",
+        "param": None,
+        "type": "NotFoundError",
+    }
+)
+# The same worker and shape for a prompt longer than the context: vLLM's own sentence for it
+# ("This model's maximum context length is … tokens. However, you requested … tokens (… in the
+# messages, … in the completion). Please reduce the length of the messages or completion.",
+# vllm/entrypoints/openai/serving_engine.py `_validate_input`), its code 400.
+VLLM_WORKER_CONTEXT_400 = json.dumps(
+    {
+        "code": 400,
+        "message": "This model's maximum context length is 6000 tokens. However, you requested 7120 tokens"
+        " (6120 in the messages, 1000 in the completion). Please reduce the length of the messages or"
+        " completion.",
+        "object": "error",
+        "param": None,
+        "type": "BadRequestError",
+    }
+)
+# one-api before its fix for songquanpeng/one-api#193 ("错误响应码均为200", June 2023) answered every
+# error with 200; the body is its errorWrapper's (controller/relay.go: type "one_api_error", the code
+# a name, not a status), here wrapping the upstream's 401 text, which quotes the key it was given
+# (OpenAI's "Incorrect API key provided: … You can find your API key at …").
+ONE_API_NO_STATUS = json.dumps(
+    {
+        "error": {
+            "message": f"Incorrect API key provided: {API_KEY}. You can find your API key at"
+            " https://platform.openai.com/account/api-keys.",
+            "type": "one_api_error",
+            "param": "",
+            "code": "invalid_api_key",
+        }
+    }
+)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream-ignored"])
+async def test_a_5xx_said_in_a_200_body_is_retried_as_that_status(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig, stream: bool
+) -> None:
+    # Before: LLMBadResponse "not a chat completion", not retried. With `stream: true` the server
+    # ignored it and answered the same JSON (text/event-stream, no event).
+    llm.push(Reply(raw=FASTLLM_UPSTREAM_502), Reply("八点见。"))
+    result = await client.chat(model, MESSAGES, purpose="对话", stream=stream)
+    assert result.content == "八点见。"
+    assert len(llm.requests) == 2
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream-ignored"])
+async def test_a_5xx_said_in_a_200_body_tells_the_provider_s_words(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig, stream: bool
+) -> None:
+    llm.default = Reply(raw=FASTLLM_UPSTREAM_502)
+    with pytest.raises(LLMServerError) as caught:
+        await client.chat(model, MESSAGES, purpose="对话", stream=stream)
+    assert caught.value.status == 502
+    said = in_chinese(caught.value)
+    assert "服务端出错" in said
+    assert "Worker local total request limit" in said
+    assert BASE_URL_HINT not in said
+    assert len(llm.requests) == 3  # the first try and the client's two retries
+
+
+async def test_vllm_s_bare_error_response_with_200_is_its_status(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig
+) -> None:
+    llm.push(Reply(raw=VLLM_WORKER_404))
+    with pytest.raises(LLMBadRequest) as caught:
+        await client.chat(model, MESSAGES, purpose="对话", stream=False)
+    assert caught.value.status == 404
+    said = in_chinese(caught.value)
+    assert "拒绝了这个请求" in said
+    assert "does not exist" in said
+    assert BASE_URL_HINT not in said
+    assert len(llm.requests) == 1
+
+
+async def test_a_context_too_long_said_with_200_is_known_as_one(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig
+) -> None:
+    llm.push(Reply(raw=VLLM_WORKER_CONTEXT_400))
+    with pytest.raises(LLMBadRequest) as caught:
+        await client.chat(model, MESSAGES, purpose="对话", stream=False)
+    assert is_context_too_long(caught.value.status, str(caught.value))
+    assert len(llm.requests) == 1  # the same request gets the same answer
+
+
+async def test_r_run_9_a_context_too_long_said_with_200_retries_under_the_literal_rule(make: Make) -> None:
+    # The check of a context error said inside a stream, for this one said as the whole body.
+    await literal_retry(make, Reply(raw=VLLM_WORKER_CONTEXT_400))
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream-ignored"])
+async def test_an_error_with_200_and_no_status_is_the_provider_s_error_without_the_key(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig, stream: bool
+) -> None:
+    llm.push(Reply(raw=ONE_API_NO_STATUS))
+    with pytest.raises(LLMErrorReply) as caught:
+        await client.chat(model, MESSAGES, purpose="对话", stream=stream)
+    said = in_chinese(caught.value)
+    assert "Incorrect API key provided" in said
+    assert BASE_URL_HINT not in said
+    assert API_KEY not in said
+    assert API_KEY not in str(caught.value)
+    assert len(llm.requests) == 1  # no status to go by: not retried
+
+
+async def test_the_owner_reads_the_provider_s_words_not_the_base_url_hint(
+    rt: Runtime, llm: ScriptedLLM
+) -> None:
+    llm.default = Reply(raw=ONE_API_NO_STATUS)
+    with captured("WARNING") as lines:
+        outcome, sent = await ask_in_group(rt, "在吗")
+    assert (outcome, sent) == ("error", [APOLOGY])
+    warning = next(line for line in lines if "turn of" in line)
+    assert "Incorrect API key provided" in warning
+    assert BASE_URL_HINT not in warning
+    assert "not a chat completion" not in warning
+    assert not any(API_KEY in line for line in lines)
+    assert [m.role for m in await rt.store.get_history(GROUP.id)] == ["user"]
+
+
+# The same without a status, as the first event of a stream: a provider API that streams HTTP 200
+# and this chunk (CommandCodeAI/command-code#834, quoted; its non-streamed twin is an HTTP 503).
+# Before: "回复中途断开", a cut, though nothing had been said; now the one reading of such an error.
+COMMAND_CODE_STREAM_ERROR = sse(
+    {
+        "id": "gen_01k4x0x8w2",
+        "error": {"code": "error", "message": "Stream error occurred"},
+        "choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}],
+    },
+    "data: [DONE]",
+)
+
+
+async def test_an_error_event_before_any_answer_without_a_status_is_the_provider_s_error(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig
+) -> None:
+    llm.push(Reply(raw=COMMAND_CODE_STREAM_ERROR))
+    with pytest.raises(LLMErrorReply) as caught:
+        await client.chat(model, MESSAGES, purpose="对话")
+    said = in_chinese(caught.value)
+    assert "Stream error occurred" in said
+    assert "中途断开" not in said
+    assert len(llm.requests) == 1
