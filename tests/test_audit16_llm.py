@@ -18,6 +18,7 @@ from nonebot_plugin_memsum.llm.client import LLMClient
 from nonebot_plugin_memsum.llm.errors import (
     LLMBadRequest,
     LLMErrorReply,
+    LLMRateLimited,
     LLMServerError,
     in_chinese,
     is_context_too_long,
@@ -203,3 +204,44 @@ async def test_an_error_event_before_any_answer_without_a_status_is_the_provider
     assert "Stream error occurred" in said
     assert "中途断开" not in said
     assert len(llm.requests) == 1
+
+
+# ---- a status said as a string ----------------------------------------------------------------------
+# LiteLLM's proxy sends a streamed request's 200 before the upstream answered (BerriAI/litellm#9035:
+# "the `200/OK` response headers are sent out the door before the headers are received from the
+# remote"), then the upstream's error as an event; its errors carry the status as a string
+# (BerriAI/litellm#37599 quotes `"code": "400"`; its own proxy reads such codes back with int(),
+# litellm/proxy/common_request_processing.py `_parse_event_data_for_error`). The message is the one
+# of #9035's OpenRouter free-model 429.
+LITELLM_STREAMED_429 = sse(
+    {
+        "error": {
+            "message": "litellm.RateLimitError: RateLimitError: OpenrouterException -"
+            " deepseek/deepseek-chat:free is temporarily rate-limited upstream. Please retry shortly.",
+            "type": None,
+            "param": None,
+            "code": "429",
+        }
+    },
+    "data: [DONE]",
+)
+
+
+async def test_a_status_said_as_a_string_in_the_stream_is_that_status(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig
+) -> None:
+    # Before: "回复中途断开", a cut, not retried.
+    llm.push(Reply(raw=LITELLM_STREAMED_429), Reply("八点见。"))
+    result = await client.chat(model, MESSAGES, purpose="对话")
+    assert result.content == "八点见。"
+    assert len(llm.requests) == 2
+
+
+async def test_a_status_said_as_a_string_is_read_as_that_status(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig
+) -> None:
+    llm.default = Reply(raw=LITELLM_STREAMED_429)
+    with pytest.raises(LLMRateLimited) as caught:
+        await client.chat(model, MESSAGES, purpose="对话")
+    assert caught.value.status == 429
+    assert "rate-limited upstream" in in_chinese(caught.value)

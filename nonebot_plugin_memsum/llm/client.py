@@ -571,7 +571,8 @@ content, 2013 bad parameters) is a refusal of the request: 400."""
 def _said_error(data: object) -> tuple[int | None, str] | None:
     """(HTTP status, text) of an error a provider sent with HTTP 200 in place of a completion or
     a chunk: `{"error": …}`, vLLM's bare ErrorResponse (`"object": "error"`), MiniMax's `base_resp`.
-    The status is the error's `code` when that is a 4xx or 5xx, else None; None when no error."""
+    The status is the error's `code` when that is a 4xx or 5xx (a number, or digits in a string),
+    else None; None when there is no error."""
     if (failed := _base_resp(data)) is not None:
         return failed
     if not isinstance(data, dict):
@@ -580,6 +581,8 @@ def _said_error(data: object) -> tuple[int | None, str] | None:
     if not error and data.get("object") != "error":
         return None
     code = (error if isinstance(error, dict) else data).get("code")
+    if isinstance(code, str) and code.isascii() and code.isdigit():
+        code = int(code)  # LiteLLM's proxy says its statuses as strings ("429")
     status = code if isinstance(code, int) and not isinstance(code, bool) and 400 <= code < 600 else None
     return status, _message(data)
 
