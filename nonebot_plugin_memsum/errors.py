@@ -22,6 +22,7 @@
         │   └── LLMBadRequest     other 4xx
         │       └── LLMInputRefused  the provider's content review refused the input
         ├── LLMStreamCut          the reply stopped before its end
+        ├── LLMEmptyReply         a reply that said nothing, not even why it ended
         ├── LLMLengthLimit        the reply was cut at the output limit (it carries the result)
         ├── LLMContentFilter      the provider's content filter stopped the reply
         ├── LLMErrorReply         a 2xx answer that is an error naming no HTTP status

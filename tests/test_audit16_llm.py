@@ -14,9 +14,11 @@ import json
 import pytest
 
 from nonebot_plugin_memsum.config import ModelConfig
+from nonebot_plugin_memsum.errors import CompressionError
 from nonebot_plugin_memsum.llm.client import LLMClient
 from nonebot_plugin_memsum.llm.errors import (
     LLMBadRequest,
+    LLMEmptyReply,
     LLMErrorReply,
     LLMRateLimited,
     LLMServerError,
@@ -24,11 +26,13 @@ from nonebot_plugin_memsum.llm.errors import (
     is_context_too_long,
 )
 from nonebot_plugin_memsum.runtime import Runtime
+from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE
 from tests.fakes import providers
 from tests.fakes.llm_server import API_KEY, Reply, ScriptedLLM
 from tests.fakes.logs import captured
 from tests.fakes.providers import APOLOGY, GROUP, MESSAGES, ask_in_group, sse
-from tests.fakes.service import Make
+from tests.fakes.service import GROUP as SERVICE_GROUP
+from tests.fakes.service import Make, seed
 from tests.test_audit6_p import (
     test_r_run_9_streamed_context_error_retries_under_the_literal_rule as literal_retry,
 )
@@ -245,3 +249,96 @@ async def test_a_status_said_as_a_string_is_read_as_that_status(
         await client.chat(model, MESSAGES, purpose="对话")
     assert caught.value.status == 429
     assert "rate-limited upstream" in in_chinese(caught.value)
+
+
+# ---- a reply that said nothing ----------------------------------------------------------------------
+# A gateway whose upstream failed after its own 200 ends the stream having said nothing: `[DONE]`
+# and zero tokens (chenyme/grok2api#980: "After `response.completed` or Chat `[DONE]` with zero
+# tokens"), or a zero-byte body (decolua/9router#3051: "`HTTP 200` with a zero-byte body", a
+# Claude account whose OAuth had expired). Other clients retry such streams (NousResearch/
+# hermes-agent#64552, ayunis-core/ayunis-core#1270). The role chunk and the usage chunk are
+# OpenAI's chunk shapes (its "The chat completion chunk object" reference).
+ONLY_DONE = b"data: [DONE]\n\n"
+ROLE_USAGE_DONE = sse(
+    {
+        "id": "chatcmpl-empty",
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+    },
+    {
+        "id": "chatcmpl-empty",
+        "object": "chat.completion.chunk",
+        "choices": [],
+        "usage": {"prompt_tokens": 31, "completion_tokens": 0, "total_tokens": 31},
+    },
+    "data: [DONE]",
+)
+EMPTY_BODIES = [
+    pytest.param(ONLY_DONE, id="only-done"),
+    pytest.param(ROLE_USAGE_DONE, id="role-usage-done"),
+    pytest.param(b"", id="zero-bytes"),
+]
+
+
+@pytest.mark.parametrize("body", EMPTY_BODIES)
+async def test_a_stream_that_said_nothing_is_retried(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig, body: bytes
+) -> None:
+    # Before: an answer "" (the turn's silence), not retried.
+    llm.push(Reply(raw=body), Reply("八点见。"))
+    result = await client.chat(model, MESSAGES, purpose="对话")
+    assert result.content == "八点见。"
+    assert len(llm.requests) == 2
+
+
+@pytest.mark.parametrize("body", EMPTY_BODIES)
+async def test_a_stream_that_always_says_nothing_fails_as_an_empty_reply(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig, body: bytes
+) -> None:
+    llm.default = Reply(raw=body)
+    with pytest.raises(LLMEmptyReply) as caught:
+        await client.chat(model, MESSAGES, purpose="对话")
+    assert "的回复是空的" in in_chinese(caught.value)
+    assert len(llm.requests) == 3  # the first try and the client's two retries
+
+
+async def test_a_finish_reason_with_no_text_is_still_an_answer(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig
+) -> None:
+    # The model ended its turn itself: its empty answer is its own (the turn reads it as silence).
+    llm.push(Reply("", usage=None))
+    result = await client.chat(model, MESSAGES, purpose="对话")
+    assert (result.content, result.finish_reason) == ("", "stop")
+    assert len(llm.requests) == 1
+
+
+async def test_a_turn_whose_model_says_nothing_is_an_error_not_silence(rt: Runtime, llm: ScriptedLLM) -> None:
+    llm.default = Reply(raw=ONLY_DONE)
+    with captured("WARNING") as lines:
+        outcome, sent = await ask_in_group(rt, "在吗")
+    assert (outcome, sent) == ("error", [APOLOGY])
+    assert any("empty reply" in line for line in lines)
+    # No 「（助手本轮选择不回复）」 marker: the question is still unanswered.
+    assert [m.role for m in await rt.store.get_history(GROUP.id)] == ["user"]
+
+
+async def test_a_summary_model_that_once_says_nothing_is_asked_again(make: Make) -> None:
+    # Before: 「摘要为空」, the model blamed for a summary it never wrote, and no retry.
+    env = await make()
+    await seed(env.rt, 12)
+    env.model.summary.append(Reply(raw=ONLY_DONE))
+    result = await env.rt.compression.compress(SERVICE_GROUP.id)
+    assert result.outcome == "done"
+    assert len(env.model.summary_requests()) == 2
+    assert env.failure_warnings() == []
+
+
+async def test_a_summary_model_that_always_says_nothing_fails_with_that_reason(make: Make) -> None:
+    env = await make()
+    await seed(env.rt, 12)
+    env.model.summary_default = Reply(raw=ONLY_DONE)
+    with pytest.raises(CompressionError) as failed:
+        await env.rt.compression.compress(SERVICE_GROUP.id)
+    assert "的回复是空的" in failed.value.reason
+    assert len(env.model.summary_requests()) == 3
+    assert await env.rt.store.get_meta(SUMMARY_NAMESPACE, SERVICE_GROUP.id) is None

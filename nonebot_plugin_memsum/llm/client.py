@@ -13,6 +13,11 @@ Decisions:
   reason: some servers never do) or when its body ends after a chunk with a finish
   reason (llama.cpp server and several gateways send no `[DONE]`). A body that ends
   before either is a cut (R-FAIL-1: the partial output is thrown away).
+- A stream that said nothing at all (only `[DONE]`, or an empty body: no text, no reasoning,
+  no tool call, no finish reason) is no answer but a gateway whose upstream failed
+  (decolua/9router#3051, chenyme/grok2api#980): an error (LLMEmptyReply), never an empty
+  answer, which a turn would take for the model choosing silence. Retried, unlike a cut:
+  nothing was generated to be paid for twice.
 - A stream is read to the end of its body, also after `[DONE]`, so the connection goes
   back to the pool: otherwise every call pays a new TCP and TLS handshake.
 - A provider that answers 400 naming a parameter it does not accept (`stream_options` on
@@ -59,6 +64,7 @@ from .errors import (
     LLMBadResponse,
     LLMConnectError,
     LLMContentFilter,
+    LLMEmptyReply,
     LLMError,
     LLMErrorReply,
     LLMLengthLimit,
@@ -135,7 +141,7 @@ class RetryPolicy:
     fails the call after the retries, as any 429 does)."""
 
     def retryable(self, err: LLMError) -> bool:
-        if isinstance(err, LLMConnectError):
+        if isinstance(err, LLMConnectError | LLMEmptyReply):
             return True
         if isinstance(err, LLMStatusError):
             if is_context_too_long(err.status, str(err)):
@@ -799,6 +805,11 @@ class _Stream:
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
 
+    @property
+    def answered(self) -> bool:
+        """Whether any of the answer came: text, reasoning or a tool call (a role chunk's "" is none)."""
+        return any(self.content) or any(self.reasoning) or bool(self.calls)
+
     def _feed_usage(self, raw: object) -> None:
         usage = _usage(raw)
         if usage is not None:
@@ -900,8 +911,13 @@ async def _read_stream(model: ModelConfig, resp: httpx.Response) -> ChatResult:
             f"{model.id}: the answer is not an event stream ({ctype}: {detail}); check base_url",
             model_id=model.id,
         )
-    elif acc.finish_reason is None:
+    elif acc.finish_reason is None and (seen or plain.strip()):
         raise LLMStreamCut(f"{model.id}: stream ended early (no finish reason, no [DONE])", model_id=model.id)
+    if acc.finish_reason is None and not acc.answered:
+        said = "only [DONE]" if acc.done else "an empty body"
+        raise LLMEmptyReply(
+            f"{model.id}: an empty reply ({said}: no text, no tool call, no finish reason)", model_id=model.id
+        )
     return acc.result(model.id)
 
 
@@ -1011,8 +1027,7 @@ def _dispatch(model: ModelConfig, acc: _Stream, payload: bytes) -> None:
     if not isinstance(chunk, dict):
         raise LLMBadResponse(f"{model.id}: unreadable stream chunk", model_id=model.id)
     if (said := _said_error(chunk)) is not None:
-        answered = bool(any(acc.content) or any(acc.reasoning) or acc.calls)  # a role chunk's "" is none
-        raise _error_reply(model, said, "in the stream", answered=answered)
+        raise _error_reply(model, said, "in the stream", answered=acc.answered)
     try:
         acc.feed(chunk)
     except (LookupError, TypeError, AttributeError):

@@ -12,6 +12,7 @@ The hierarchy:
     - LLMBadRequest
       · LLMInputRefused
   + LLMStreamCut
+  + LLMEmptyReply
   + LLMLengthLimit
   + LLMContentFilter
   + LLMErrorReply
@@ -168,6 +169,11 @@ class LLMStreamCut(LLMError):
     """The reply broke off mid-way (no finish reason, no `[DONE]`, or a dropped connection)."""
 
 
+class LLMEmptyReply(LLMError):
+    """The API ended its reply without a word: no text, no tool call, no finish reason (a stream of
+    only `[DONE]`, an empty body). No answer, and not the model choosing silence."""
+
+
 class LLMLengthLimit(LLMError):
     """The model stopped at its output limit (finish reason `length`); `.result` holds the partial reply."""
 
@@ -220,6 +226,7 @@ _IN_CHINESE: tuple[tuple[type[LLMError], str], ...] = (
     (LLMInputRefused, "的内容审核拒绝了这个请求（输入里有它认为不宜的内容）"),
     (LLMBadRequest, "拒绝了这个请求"),
     (LLMStreamCut, "回复中途断开"),
+    (LLMEmptyReply, "的回复是空的（什么也没说，也没说为什么结束）"),
     (LLMLengthLimit, "输出到上限被截断"),
     (LLMContentFilter, "的回复被服务商的内容审核拦下"),
     (LLMErrorReply, "返回了错误而不是回复"),
