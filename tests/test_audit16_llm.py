@@ -342,3 +342,81 @@ async def test_a_summary_model_that_always_says_nothing_fails_with_that_reason(m
     assert "的回复是空的" in failed.value.reason
     assert len(env.model.summary_requests()) == 3
     assert await env.rt.store.get_meta(SUMMARY_NAMESPACE, SERVICE_GROUP.id) is None
+
+
+# ---- Mistral's content as a list of blocks ----------------------------------------------------------
+# magistral (and mistral-large-2512 on) answer `content` as blocks, a `thinking` block of text blocks
+# then `text` blocks (docs.mistral.ai "Reasoning"; NousResearch/hermes-agent#4748: "in both streaming
+# deltas and non-streaming responses"). The streamed thinking deltas are BerriAI/litellm#16272's, as
+# quoted there; the text deltas the same blocks (hermes-agent#4748). Text and thoughts are ours.
+def mistral_chunk(content: list[dict[str, object]] | None, finish: str | None = None) -> dict[str, object]:
+    delta: dict[str, object] = {} if content is None else {"content": content}
+    return {
+        "id": "c3c77283055240cbbaf6f01d384cfccb",
+        "object": "chat.completion.chunk",
+        "created": 1762355135,
+        "model": "magistral-medium-2509",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+
+
+def thinking(text: str) -> dict[str, object]:
+    return {"type": "thinking", "thinking": [{"type": "text", "text": text}]}
+
+
+def text_block(text: str) -> dict[str, object]:
+    return {"type": "text", "text": text}
+
+
+MAGISTRAL_STREAM = sse(
+    mistral_chunk([thinking("他问几点集合，")]),
+    mistral_chunk([thinking("群里说过八点。")]),
+    mistral_chunk([text_block("八点")]),
+    mistral_chunk([text_block("见。")]),
+    mistral_chunk(None, "stop"),
+    "data: [DONE]",
+)
+MAGISTRAL_COMPLETION = json.dumps(
+    {
+        "id": "cmpl-e5cc70bb28c444948073e77776eb30ef",
+        "object": "chat.completion",
+        "created": 1762355135,
+        "model": "magistral-medium-2509",
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": [thinking("他问几点集合，群里说过八点。"), text_block("八点见。")],
+                    "tool_calls": None,
+                },
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 31, "completion_tokens": 40, "total_tokens": 71},
+    },
+    ensure_ascii=False,
+)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [pytest.param(MAGISTRAL_STREAM, id="stream"), pytest.param(MAGISTRAL_COMPLETION, id="stream-ignored")],
+)
+async def test_mistral_content_blocks_are_read_as_the_answer_and_its_thinking(
+    client: LLMClient, llm: ScriptedLLM, model: ModelConfig, body: str | bytes
+) -> None:
+    # Before: the stream's answer was dropped (an empty answer), the plain one "not a chat completion".
+    llm.push(Reply(raw=body))
+    result = await client.chat(model, MESSAGES, purpose="对话")
+    assert result.content == "八点见。"
+    assert result.reasoning == "他问几点集合，群里说过八点。"
+    assert result.reasoning_content == ""  # not DeepSeek's field: nothing to send back
+
+
+async def test_a_mistral_answer_reaches_the_group_without_its_thinking(rt: Runtime, llm: ScriptedLLM) -> None:
+    llm.push(Reply(raw=MAGISTRAL_STREAM))
+    outcome, sent = await ask_in_group(rt, "几点集合？")
+    assert (outcome, sent) == ("replied", ["八点见。"])
+    history = await rt.store.get_history(GROUP.id)
+    assert [m.content for m in history if m.role == "assistant"] == ["八点见。"]

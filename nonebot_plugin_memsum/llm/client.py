@@ -686,10 +686,11 @@ def _parse_completion(model: ModelConfig, body: bytes) -> ChatResult:
             )
             for c in raw_calls
         )
+        text, thinking = _parts(message.get("content"))
         return _result(
             tool_extra=_extras(calls, [c.get("extra_content") for c in raw_calls]),
-            content=message.get("content") or "",
-            reasoning=message.get("reasoning_content") or message.get("reasoning") or "",
+            content=text,
+            reasoning=message.get("reasoning_content") or message.get("reasoning") or thinking,
             reasoning_content=_text(message.get("reasoning_content")),
             tool_calls=calls,
             finish_reason=choice.get("finish_reason"),
@@ -733,6 +734,29 @@ def _extras(calls: Sequence[ToolCall], extras: Sequence[object]) -> dict[str, An
 
 def _text(value: object) -> str:
     return value if isinstance(value, str) else ""
+
+
+def _parts(content: object) -> tuple[str, str]:
+    """(text, thinking) of a message's or a delta's `content`: a string, or Mistral's list of
+    blocks, `{"type": "text", "text": …}` and `{"type": "thinking", "thinking": [text blocks]}`
+    (docs.mistral.ai "Reasoning"; magistral and mistral-large-2512 on, streamed too:
+    NousResearch/hermes-agent#4748, BerriAI/litellm#16272). Read as text only, the list was
+    "not a chat completion", and in a stream the answer was dropped: an empty answer, silence."""
+    if content is None or isinstance(content, str):
+        return content or "", ""
+    if not isinstance(content, list):
+        raise TypeError("content is neither text nor a list of blocks")  # an unreadable reply
+    text: list[str] = []
+    thinking: list[str] = []
+    for block in content:
+        if not isinstance(block, dict):
+            continue
+        if block.get("type") == "text":
+            text.append(_text(block.get("text")))
+        elif block.get("type") == "thinking":
+            inner = block.get("thinking")
+            thinking.append(_text(inner) or _parts(inner)[0])
+    return "".join(text), "".join(thinking)
 
 
 def _usage(raw: object) -> Usage | None:
@@ -792,9 +816,9 @@ class _Stream:
                 continue
             self._feed_usage(choice.get("usage"))  # Moonshot puts it in the finishing choice
             delta = choice.get("delta") or {}
-            if isinstance(delta.get("content"), str):
-                self.content.append(delta["content"])
-            thought = delta.get("reasoning_content") or delta.get("reasoning")
+            text, thinking = _parts(delta.get("content"))
+            self.content.append(text)
+            thought = delta.get("reasoning_content") or delta.get("reasoning") or thinking
             if isinstance(thought, str):
                 self.reasoning.append(thought)
                 if thought is delta.get("reasoning_content"):
