@@ -564,11 +564,18 @@ BROKEN: dict[str, tuple[Reply, type[LLMError], str]] = {
         LLMStreamCut,
         "中途断开",
     ),
-    # The body ends cleanly in the middle of a chunk's JSON: its last event cannot be read.
-    "ends-mid-json": (Reply(raw=_HEAD[0] + b"\n\n" + _HEAD[1][:90]), LLMBadResponse, "不是聊天接口的格式"),
-    # A line that is not JSON between good chunks.
+    # The body ends cleanly in the middle of a chunk's JSON: its last event cannot be read. A
+    # chunk came before it, so the address is right: a cut, never the hint to check base_url.
+    "ends-mid-json": (Reply(raw=_HEAD[0] + b"\n\n" + _HEAD[1][:90]), LLMStreamCut, "中途断开"),
+    # A line that is not JSON between good chunks: the same.
     "non-json-line": (
         Reply(raw=b"\n\n".join([_HEAD[0], _HEAD[1], b"data: {oops", *_HEAD[2:]])),
+        LLMStreamCut,
+        "中途断开",
+    ),
+    # The first event is not JSON: not a chat stream at all (base_url names something else).
+    "first-line-not-json": (
+        Reply(raw=b"\n\n".join([b"data: {oops", *_HEAD])),
         LLMBadResponse,
         "不是聊天接口的格式",
     ),

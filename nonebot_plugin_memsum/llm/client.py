@@ -808,6 +808,8 @@ class _Stream:
     finish_reason: str | None = None
     usage: Usage | None = None
     done: bool = False
+    chunks: int = 0
+    """Chunks read whole so far."""
 
     def feed(self, chunk: Mapping[str, Any]) -> None:
         self._feed_usage(chunk.get("usage"))
@@ -1047,15 +1049,28 @@ def _dispatch(model: ModelConfig, acc: _Stream, payload: bytes) -> None:
     try:
         chunk = json.loads(payload)
     except ValueError:
-        raise LLMBadResponse(f"{model.id}: unreadable stream chunk", model_id=model.id) from None
+        raise _unreadable(model, acc) from None
     if not isinstance(chunk, dict):
-        raise LLMBadResponse(f"{model.id}: unreadable stream chunk", model_id=model.id)
+        raise _unreadable(model, acc)
     if (said := _said_error(chunk)) is not None:
         raise _error_reply(model, said, "in the stream", answered=acc.answered)
     try:
         acc.feed(chunk)
     except (LookupError, TypeError, AttributeError):
-        raise LLMBadResponse(f"{model.id}: unreadable stream chunk", model_id=model.id) from None
+        raise _unreadable(model, acc) from None
+    acc.chunks += 1
+
+
+def _unreadable(model: ModelConfig, acc: _Stream) -> LLMError:
+    """An event that is no chunk. As the first one: not a chat stream (read in Chinese with the
+    hint to check base_url). After a chunk was read the address is right and the stream broke
+    off (a body that ends inside a chunk's JSON, a proxy's garbage between events): a cut, its
+    partial reply thrown away (R-FAIL-1)."""
+    if acc.chunks:
+        return LLMStreamCut(
+            f"{model.id}: unreadable stream chunk after {acc.chunks} good ones", model_id=model.id
+        )
+    return LLMBadResponse(f"{model.id}: unreadable stream chunk", model_id=model.id)
 
 
 def _call_id() -> str:
