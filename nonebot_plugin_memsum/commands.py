@@ -556,7 +556,9 @@ COMMANDS: tuple[Command, ...] = (
         "/条数线 [群] [条数|默认]  查看或设置条数线（0 = 不按条数压缩；加「群」改整个群）",
     ),
     Command("记忆帮助", _help, SUPERUSER_OR_GROUP_ADMIN, "/记忆帮助  列出你能用的命令", bare=True),
-    Command(None, _confirm, Permission(), "确认"),  # a plain 「确认」 answering /清除 上下文
+    # A plain 「确认」 answering /清除 上下文: held to /清除's permission when it comes, as the
+    # sender is then (an admin demoted since asking is a member now).
+    Command(None, _confirm, SUPERUSER_OR_GROUP_ADMIN, "确认"),
 )
 _HELP_NOTES = (
     "命令只有机器人的主人能用；开启 MEMSUM_GROUP_ADMIN_COMMANDS 后，群主和管理员可在本群使用"
@@ -608,8 +610,8 @@ async def _chosen(bot: Bot, event: MessageEvent, state: T_State) -> bool:
         chosen = _CONFIRM if await _is_confirmation(bot, event) else None
     else:
         chosen = _BY_NAME.get(name[0]) if len(name) == 1 else None
-        if chosen is not None and not await chosen.permission(bot, event):
-            chosen = None
+    if chosen is not None and not await chosen.permission(bot, event):
+        chosen = None
     state[_CHOSEN] = chosen
     return chosen is not None
 
