@@ -789,7 +789,9 @@ class Tx:
         messages (as R-TRIG-4 counts them), archived messages, the time of its newest
         message and the prompt size of its last `usage_purpose` call in the ledger. A
         session with a record and nothing stored (a group set to 关 by its first command)
-        is listed with zeros: the owner's page shows it and its controls."""
+        is listed with zeros: the owner's page shows it and its controls. By session id,
+        sorted here: the same order on both engines (PostgreSQL's text collation is not
+        SQLite's, and without an order it lists rows as its plan reads them)."""
         # The last call per session is one seek on (session_id, purpose), ids in order.
         counts = await self._fetch(
             "SELECT c.session_id, c.active, c.archived, c.newest_ts, l.tokens_in, l.model"
@@ -819,7 +821,7 @@ class Tx:
             for sid, record in records.items()
             if sid not in seen
         ]
-        return listed
+        return sorted(listed, key=lambda a: a.session_id)
 
     async def all_settings(self) -> dict[tuple[str, str], dict[str, Any]]:
         """Every stored setting, by (scope, scope key), then by name."""

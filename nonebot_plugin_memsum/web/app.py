@@ -210,7 +210,7 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
             rows.append(row)
         today_rows = views.usage_view(today, _models(rt))
         return {
-            "sessions": rows,
+            "sessions": sorted(rows, key=views.overview_order),
             "today": views.totals(today_rows),
             "setting_titles": views.SETTING_TITLES,
         }
