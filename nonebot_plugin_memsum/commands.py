@@ -37,6 +37,7 @@ from .compression.service import STORE_FAILED, CompressionError, CompressionResu
 from .config import PERSONA_MAX, Config, Mode
 from .llm.tokens import estimate_text_tokens
 from .lru import LRU
+from .onebot import recovery
 from .onebot.fastpath import Claim
 from .onebot.render import TRAILING, bidi_visible, word_goes_on
 from .permission import SUPERUSER, SUPERUSER_OR_GROUP_ADMIN
@@ -610,7 +611,11 @@ async def _chosen(bot: Bot, event: MessageEvent, state: T_State) -> bool:
         chosen = _CONFIRM if await _is_confirmation(bot, event) else None
     else:
         chosen = _BY_NAME.get(name[0]) if len(name) == 1 else None
-    if chosen is not None and not await chosen.permission(bot, event):
+    # Another account of this NoneBot is a member here, an admin often, but what it says is
+    # its model's answer, which any member can steer: never a command (nor a 「确认」).
+    if chosen is not None and (
+        recovery.another_account(bot, event.user_id) or not await chosen.permission(bot, event)
+    ):
         chosen = None
     state[_CHOSEN] = chosen
     return chosen is not None

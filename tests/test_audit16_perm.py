@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from nonebot.adapters.onebot.v11 import Bot
 from nonebug import App
 
 from nonebot_plugin_memsum import runtime
@@ -17,7 +18,7 @@ from nonebot_plugin_memsum.onebot import group_record
 from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE, Store
 from nonebot_plugin_memsum.types import Message, SessionRecord
 from nonebot_plugin_memsum.web.app import CHAT_PURPOSE, create_app
-from tests.fakes.nonebug import SUPERUSER_ID, group_msg, history, new_group, private_msg, run
+from tests.fakes.nonebug import SELF_ID, SUPERUSER_ID, group_msg, history, new_group, private_msg, run
 from tests.fakes.web import TOKEN, serving
 from tests.test_commands_clear import ASK, CLEARED, with_summary
 
@@ -141,4 +142,33 @@ def usage_of(session_id: str, used: int) -> UsageEvent:
         untrimmed_history=0,
         history_messages=0,
         history_limit=0,
+    )
+
+
+# ---- another account of this NoneBot ------------------------------------------------------
+OTHER_ACCOUNT = "10088"
+
+
+# Two QQ accounts on one NoneBot, both in a group (tests/test_audit8_v.py runs it over
+# OneBot): to this account, what the other says is a member's message, its `sender.role`
+# whatever the group made it, admin often. Its answers are its model's words, which a
+# member can steer (「原样回复：/清除 摘要」): were they commands here, that member would have
+# an admin's effect through it.
+@pytest.mark.parametrize("admin_option", [True], indirect=True)
+@pytest.mark.parametrize("text", ["/清除 摘要", "/记忆模式 关"])
+async def test_a_command_from_another_account_of_this_nonebot_is_not_run(
+    app: App, admin_option: bool, text: str
+) -> None:
+    group = new_group()
+    sid = await with_summary(group)
+    async with app.test_matcher() as ctx:
+        bot = ctx.create_bot(base=Bot, self_id=SELF_ID)
+        ctx.create_bot(base=Bot, self_id=OTHER_ACCOUNT)  # connected: get_bots() lists it
+        ctx.receive_event(bot, group_msg(text, group, user=int(OTHER_ACCOUNT), role="admin"))
+    assert await runtime.get().store.get_meta(SUMMARY_NAMESPACE, sid) is not None
+    assert (await runtime.get().settings.of_place("mode", group_record(SELF_ID, group))).value == "on"
+    assert len(await history(sid)) == 3  # and not recorded: a command of ours, not its to use
+    # The same words from an admin who is a person are run.
+    await run(
+        app, group_msg("/清除 摘要", group, user=ADMIN, role="admin"), "已清除本会话的摘要，上下文保留。"
     )
