@@ -14,15 +14,24 @@ from nonebug import App
 from nonebot_plugin_memsum import runtime
 from nonebot_plugin_memsum.agent.events import UsageEvent
 from nonebot_plugin_memsum.config import Config
-from nonebot_plugin_memsum.onebot import group_record
+from nonebot_plugin_memsum.onebot import group_record, private_record
 from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE, Store
 from nonebot_plugin_memsum.types import Message, SessionRecord
 from nonebot_plugin_memsum.web.app import CHAT_PURPOSE, create_app
-from tests.fakes.nonebug import SELF_ID, SUPERUSER_ID, group_msg, history, new_group, private_msg, run
+from tests.fakes.nonebug import (
+    SELF_ID,
+    SUPERUSER_ID,
+    group_msg,
+    history,
+    new_group,
+    private_msg,
+    run,
+    turns_requested,
+)
 from tests.fakes.web import TOKEN, serving
 from tests.test_commands_clear import ASK, CLEARED, with_summary
 
-ADMIN = 20061
+ADMIN = 20961
 
 
 # OneBot v11, group message event (botuniverse/onebot-11, event/message.md, 群消息): the
@@ -52,7 +61,8 @@ async def test_nobody_confirms_what_someone_else_asked(app: App, admin_option: b
     await run(app, group_msg("确认", group, user=ADMIN + 1, role="admin"), None)
     await run(app, group_msg("确认", group, user=SUPERUSER_ID, role="owner"), None)
     await run(app, group_msg("确认", other, user=ADMIN, role="admin"), None)
-    await run(app, private_msg("确认", user=ADMIN), None)
+    # In private it is a question to the bot (its turn taken here, not run: no model).
+    assert await turns_requested(app, private_msg("确认", user=ADMIN)) == [private_record(SELF_ID, ADMIN).id]
     assert len(await history(sid)) == 5
     assert await runtime.get().store.get_meta(SUMMARY_NAMESPACE, sid) is not None
     await run(app, group_msg("确认", group, user=ADMIN, role="admin"), CLEARED)
