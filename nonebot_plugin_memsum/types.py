@@ -82,8 +82,18 @@ REFUSED_TEXT, so the session's later requests (chat and summary) work again."""
 REFUSED_TEXT = "（这条消息未通过模型服务商的内容审核，已略去）"
 WITHDRAWN_TEXT = "（这条消息已撤回）"
 """What the model reads of a withdrawn message, after its `[昵称(ID)]` label."""
+QUOTE_OF_KEY = "quote_of"
+"""`Message.metadata` key of a member's reply: the platform id of the message its `[回复 …]`
+quote shows the start of (onebot/record.py), so a later withdrawal of that message finds it."""
+QUOTE_WITHDRAWN_KEY = "quote_withdrawn"
+"""`Message.metadata` key, True on a reply whose quoted message was withdrawn after it was
+stored (`Store.mark_withdrawn`): the model reads its quote as WITHDRAWN_TEXT (`unquoted`), as a
+reply that arrives after the withdrawal is stored."""
 _LABEL = re.compile(r"\[[^\[\]()\n]*\(\d+\)\] ")
 """A chat message's leading `[昵称(ID)] ` label (onebot/render.py `labelled`)."""
+_QUOTE = re.compile(r"(\[[^\[\]()\n]*\(\d+\)\] \[回复 [^\[\]()\n]*\(\d+\)：)[^\]\n]*\] ")
+"""The label and the `[回复 昵称(ID)：excerpt] ` quote after it (onebot/render.py `quote_marker`:
+the excerpt is one line and holds no `]`)."""
 
 
 def is_refused(m: Message) -> bool:
@@ -97,12 +107,21 @@ def speaker_label(m: Message) -> str:
     return label.group(0).strip() if label else ""
 
 
-def shown_content(m: Message) -> str:
-    """The content the model reads: as stored, or for a withdrawn message its label (the
-    record that someone said something stays) and WITHDRAWN_TEXT, as QQ's clients show it;
-    for one the provider's content review refused, its label and REFUSED_TEXT."""
-    if not m.withdrawn and not (m.metadata and is_refused(m)):
+def unquoted(m: Message) -> str:
+    """The content with the quote of a message withdrawn since (QUOTE_WITHDRAWN_KEY) as
+    WITHDRAWN_TEXT; as stored otherwise."""
+    if not (m.metadata and m.metadata.get(QUOTE_WITHDRAWN_KEY) is True):
         return m.content
+    return _QUOTE.sub(lambda q: f"{q.group(1)}{WITHDRAWN_TEXT}] ", m.content, count=1)
+
+
+def shown_content(m: Message) -> str:
+    """The content the model reads: as stored (a quote of a message withdrawn since as
+    WITHDRAWN_TEXT, `unquoted`), or for a withdrawn message its label (the record that someone
+    said something stays) and WITHDRAWN_TEXT, as QQ's clients show it; for one the provider's
+    content review refused, its label and REFUSED_TEXT."""
+    if not m.withdrawn and not (m.metadata and is_refused(m)):
+        return unquoted(m)
     label = _LABEL.match(m.content) if m.role == "user" else None
     return (label.group(0) if label else "") + (WITHDRAWN_TEXT if m.withdrawn else REFUSED_TEXT)
 

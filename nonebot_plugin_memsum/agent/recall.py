@@ -20,7 +20,7 @@ from typing import Any
 from nonebot_plugin_memsum import clock
 from nonebot_plugin_memsum.store import SearchHit, SearchQuery, Store
 from nonebot_plugin_memsum.store.search import match_expression, query_words, speaker_of, split_label
-from nonebot_plugin_memsum.types import REFUSED_TEXT, WITHDRAWN_TEXT, Message, is_refused
+from nonebot_plugin_memsum.types import REFUSED_TEXT, WITHDRAWN_TEXT, Message, is_refused, unquoted
 
 from .tools import ToolContext, ToolRegistry
 
@@ -82,9 +82,11 @@ LINE_BREAK = " ⏎ "
 """A message's own line breaks in a result line."""
 
 
-def _parts(m: Message, zone: tzinfo | None) -> tuple[str, str]:
+def _parts(m: Message, zone: tzinfo | None, *, content: str | None = None) -> tuple[str, str]:
+    """(`时间 [昵称(ID)] `, 正文) of the line; `content` instead of what the model reads of it."""
     when = datetime.fromtimestamp(m.ts, zone).strftime("%Y-%m-%d %H:%M")
-    body = split_label(m.content)[2] if m.role == "user" else m.content
+    content = unquoted(m) if content is None else content
+    body = split_label(content)[2] if m.role == "user" else content
     if is_refused(m):  # the provider's content review refused it: it would be refused again
         body = REFUSED_TEXT
     return f"{when} [{speaker_of(m.role, m.name, m.content)}] ", LINE_BREAK.join(body.splitlines())
@@ -121,19 +123,25 @@ def excerpt(m: Message, words: Sequence[str], size: int, zone: tzinfo | None = N
 
 def mask_withdrawn(result: str, gone: Sequence[Message], zone: tzinfo | None = None) -> str:
     """A stored recall result with every line that shows one of the `gone` messages (withdrawn on
-    the platform since) read as the model reads the message itself: its head and WITHDRAWN_TEXT.
-    A line shows a message when it is that message's `line` (or `excerpt`) as `render` wrote it
-    in `zone`; another message of the same speaker and minute with other words stays."""
+    the platform since, or a reply whose quote of one now reads as withdrawn) read as the model
+    reads the message itself: its head and WITHDRAWN_TEXT, or the reply with that quote. A line
+    shows a message when it is that message's `line` (or `excerpt`) as `render` wrote it in
+    `zone`, from its stored text; another message of the same speaker and minute with other
+    words stays."""
     lines = result.split("\n")
     for m in gone:
-        head, body = _parts(m, zone)
+        head, body = _parts(m, zone, content=m.content)
+        reply = not m.withdrawn and unquoted(m) != m.content  # only its quote reads as withdrawn
+        now = _parts(m, zone)[1] if reply else WITHDRAWN_TEXT
         for i, text in enumerate(lines):
             prefix, rest = text[:2], text[2:]
             if prefix not in ("→ ", "  ") or not rest.startswith(head):
                 continue
             rest = rest[len(head) :]
             if rest == body or (_is_excerpt(rest) and _excerpt_piece(rest) in _normalised(body)):
-                lines[i] = prefix + head + WITHDRAWN_TEXT
+                # An excerpt of a reply: the reply as now read, cut to the excerpt's length.
+                cut = now if not reply or len(now) <= len(rest) else now[: len(rest)] + _CUT_TAIL
+                lines[i] = prefix + head + cut
     return "\n".join(lines)
 
 

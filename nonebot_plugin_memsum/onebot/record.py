@@ -19,7 +19,7 @@ from nonebot.log import logger
 
 from nonebot_plugin_memsum import clock, runtime
 from nonebot_plugin_memsum.errors import StoreError
-from nonebot_plugin_memsum.types import WITHDRAWN_TEXT, Message, SessionRecord
+from nonebot_plugin_memsum.types import QUOTE_OF_KEY, WITHDRAWN_TEXT, Message, SessionRecord
 
 from . import names, recovery
 from .notices import card_change, notice_text, people, withdrawn_id
@@ -145,6 +145,7 @@ async def message_of(
     segments = segments_of(event.original_message)
     known = await names.look_up(bot, scope, group_id, _mentioned(segments))
     quote = ""
+    quoted_id = None
     if event.reply is not None:
         sender = event.reply.sender
         is_bot = str(sender.user_id) == bot.self_id
@@ -155,13 +156,16 @@ async def message_of(
         if await _withdrawn(scope, event.reply.message_id):  # the implementation may still hold it
             said = WITHDRAWN_TEXT
         quote = quote_marker(reply_name, sender.user_id or 0, said)
+        quoted_id = platform_id(event.reply.message_id)
     body = render_segments(segments, known)
+    # The quoted message's id: its withdrawal later masks the quote (Store.mark_withdrawn).
+    quote_of = {QUOTE_OF_KEY: quoted_id} if quoted_id is not None else {}
     return Message(
         role="user",
         content=labelled(name, event.user_id, body, quote),
         name=str(event.user_id),
         ts=said_at or clock.now(),
-        metadata={"message_id": event.message_id, "user_id": event.user_id},
+        metadata={"message_id": event.message_id, "user_id": event.user_id, **quote_of},
         platform_id=platform_id(event.message_id),
         addressed=addressed,
     )

@@ -34,6 +34,8 @@ from nonebot_plugin_memsum import clock
 from nonebot_plugin_memsum.errors import StoreError
 from nonebot_plugin_memsum.lru import LRU
 from nonebot_plugin_memsum.types import (
+    QUOTE_OF_KEY,
+    QUOTE_WITHDRAWN_KEY,
     REFUSED_KEY,
     CompressionRecord,
     DailyUsage,
@@ -53,7 +55,8 @@ SUMMARY_NAMESPACE = "summary"
 
 ClearKind = Literal["context", "summary"]
 RecallMask = Callable[[str, Sequence[Message]], str]
-"""A stored recall result with what it shows of these withdrawn messages masked."""
+"""A stored recall result with what it shows of these messages masked: the withdrawn ones, and
+the replies whose quote of them now reads as withdrawn (QUOTE_WITHDRAWN_KEY)."""
 ReplyState = Literal["sending", "sent"]
 
 _MESSAGE_COLUMNS = (
@@ -358,12 +361,15 @@ class Tx:
         (`SearchQuery.withdrawn`), and read back as `Message.withdrawn` (the model reads a
         placeholder): the session's cached history is read again. `mask`: what an active
         `recall` tool result stored after them holds of them, rewritten the same way
-        (agent/recall.py `mask_withdrawn`), so the model does not read the text there either."""
+        (agent/recall.py `mask_withdrawn`), so the model does not read the text there either.
+        Replies stored before that quote them (QUOTE_OF_KEY) get QUOTE_WITHDRAWN_KEY: their quote
+        reads as withdrawn from now on (`types.unquoted`), in the results too."""
         self._touched.add(session_id)
         await self._write(
             "UPDATE messages SET withdrawn = 1 WHERE session_id = ? AND platform_id = ?",
             (session_id, platform_id),
         )
+        quoting = await self._mark_quotes_withdrawn(session_id, platform_id)
         if mask is None:
             return
         gone = [
@@ -374,6 +380,7 @@ class Tx:
                 (session_id, platform_id),
             )
         ]
+        gone += quoting
         if not gone:
             return
         results = await self._fetch(
@@ -387,6 +394,28 @@ class Tx:
                 await self._write(
                     "UPDATE messages SET content = ?, tokens = NULL WHERE id = ?", (masked, msg_id)
                 )
+
+    async def _mark_quotes_withdrawn(self, session_id: str, platform_id: str) -> list[Message]:
+        """QUOTE_WITHDRAWN_KEY on the session's replies quoting this platform id; those replies,
+        as now read (their stored estimate was of the quote's text: read back without one)."""
+        fragment = _dump_json({QUOTE_OF_KEY: platform_id}, "quote")[1:-1]
+        rows = await self._fetch(
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ? AND role = 'user'"
+            " AND metadata LIKE ? ORDER BY id",
+            (session_id, f"%{fragment}%"),
+        )
+        out: list[Message] = []
+        for row in rows:
+            m = _message_from_row(row)
+            if m.metadata.get(QUOTE_OF_KEY) != platform_id or m.metadata.get(QUOTE_WITHDRAWN_KEY) is True:
+                continue
+            metadata = {**m.metadata, QUOTE_WITHDRAWN_KEY: True}
+            await self._write(
+                "UPDATE messages SET metadata = ?, tokens = NULL WHERE id = ?",
+                (_dump_json(metadata, "message metadata"), m.id),
+            )
+            out.append(replace(m, metadata=metadata, tokens=None))
+        return out
 
     async def session_of_platform_id(self, prefix: str, platform_id: str) -> str | None:
         """The session, among those whose id starts with `prefix`, that stored a message under
