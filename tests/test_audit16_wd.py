@@ -572,3 +572,55 @@ async def _command(sim: OneBotSim, group: int, command: str) -> str:
         set(SEND_ACTIONS | FORWARD_ACTIONS), predicate=lambda c: not is_answer(c), after=mark, timeout=30
     )
     return sent_text(call)
+
+
+@pytest.mark.e2e
+async def test_an_answer_sent_just_before_a_kill_can_be_withdrawn_after_the_restart(
+    tmp_path: Path, llm: ScriptedLLM
+) -> None:
+    """Seed 11 of the driver (not among its seeds): bot.py was killed after an answer went out
+    and before the implementation's reply to the send told it the answer's id. On the restart
+    the backfill fetched the answer back and knew it for its own (recovery: not stored again)
+    but left the stored answer without the id, so an admin's withdrawal of it marked nothing and
+    the model read it on. The backfill now names it."""
+    group = 93103
+    sid = group_sid(group)
+    with responding(llm):
+        llm.on_request(_summariser_or_ok)
+        async with running_bot(tmp_path / "bot", env(llm)) as (bot, sim):
+            send, out = sim.responders["send_msg"], asyncio.Event()
+
+            async def sent_then_killed(params: dict[str, Any]) -> Any:
+                data = send(params)  # in the group's history now
+                out.set()
+                await asyncio.sleep(60)  # the kill comes first
+                return data
+
+            sim.responders["send_msg"] = sent_then_killed
+            await sim.group_message(group, 20001, [at(SELF_ID), text(" tk7003 在吗")], nickname="甲")
+            await asyncio.wait_for(out.wait(), 30)
+            await bot.kill()
+            sim.responders["send_msg"] = send
+            await asyncio.wait_for(sim.disconnected.wait(), 15)
+            await sim.close()
+            answer = max(i for i, m in sim.messages.items() if m.sender.get("user_id") == SELF_ID)
+            await bot.start()
+            await sim.connect()
+            await wait_log(bot, f"Bot {SELF_ID} connected")
+            named = "SELECT role, withdrawn FROM messages WHERE session_id = ? AND platform_id = ?"
+            await until(
+                lambda: _rows_are(query(bot.db_path, named, sid, str(answer)), [("assistant", 0)]), "named"
+            )
+            # OneBot v11 event/notice.md 群消息撤回: an admin (operator_id) withdrew the bot's message.
+            await sim.notice(
+                "group_recall", group_id=group, user_id=SELF_ID, operator_id=OWNER, message_id=answer
+            )
+            await until(
+                lambda: _rows_are(query(bot.db_path, named, sid, str(answer)), [("assistant", 1)]), "marked"
+            )
+            asked = len(llm.requests)
+            mark = len(sim.calls)
+            await sim.group_message(group, 20002, [at(SELF_ID), text(" 刚才说了啥")], nickname="乙")
+            await sim.wait_call(set(SEND_ACTIONS), predicate=is_answer, after=mark, timeout=30)
+            # The first answer read as withdrawn (the second is not written yet).
+            assert "答：好的" not in json.dumps(llm.requests[asked]["messages"], ensure_ascii=False)

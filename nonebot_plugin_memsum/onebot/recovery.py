@@ -467,8 +467,8 @@ async def _record_fetched(
     (`sent`: the plugin's own sends, command output and notices too; those without an id)."""
     from nonebot_plugin_memsum.commands import COMMAND_NAMES  # commands import this package
 
-    from .record import drop_foreign_quote, fill_forgotten_quote, record_message
-    from .said import echo_text, sent_here_match
+    from .record import drop_foreign_quote, fill_forgotten_quote, record_message, record_of
+    from .said import IN_PARTS, echo_text, name_fetched_answer, sent_here_match
 
     if is_empty(event.original_message) and event.reply is None:
         return None  # nothing said
@@ -477,7 +477,10 @@ async def _record_fetched(
     if str(event.user_id) == bot.self_id:
         if is_empty(event.original_message):
             return None  # a bare quote: nothing the account said
-        if sent_here_match(sent, str(event.message_id), echo_text(event.original_message)):
+        text = echo_text(event.original_message)
+        if sent_here_match(sent, str(event.message_id), text):
+            if (text, IN_PARTS) in sent:  # a whole answer the kill left without its id
+                await name_fetched_answer(record_of(bot, event)[0].id, str(event.message_id), text)
             return None
         said_at = platform_time(event.time)
         _, msg = await record_message(bot, event, said_at=said_at, fetched=True, by_bot=True)

@@ -214,6 +214,21 @@ async def sent_here(session_id: str) -> list[tuple[str, str | None]]:
     return noted + unnamed
 
 
+async def name_fetched_answer(session_id: str, message_id: str, text: str) -> None:
+    """A fetched message of the account that is the whole of the session's newest answer stored
+    without an id (`sent_here`: bot.py killed between its send and its note): the answer gets the
+    id, so an admin's withdrawal of it (撤回) is marked, and a reply to it asks the bot."""
+    rt = runtime.get()
+    try:
+        for m in reversed(await rt.store.get_history(session_id, SENT_KEPT)):
+            if m.role == "assistant" and m.platform_id is None:
+                if " ".join(m.content.split()) == text:
+                    await rt.store.name_answer(session_id, m.content, message_id)
+                return  # name_answer names the newest such answer only
+    except StoreError as err:
+        logger.warning(f"memsum: could not note the id of a fetched answer: {err}")
+
+
 IN_PARTS = "*"
 """In `sent_here`'s list, an answer stored without an id: a long one went out in plain parts
 (send.py), and the kill may have come between them, so each fetched part is a piece of it."""
