@@ -399,10 +399,18 @@ class Tx:
         """QUOTE_WITHDRAWN_KEY on the session's replies quoting this platform id; those replies,
         as now read (their stored estimate was of the quote's text: read back without one)."""
         fragment = _dump_json({QUOTE_OF_KEY: platform_id}, "quote")[1:-1]
+        # Only what came after the message (a reply follows what it quotes): a withdrawal in a
+        # session of a million messages reads its tail, not every row's metadata. A message
+        # never stored (said before the bot came): the active history.
+        first = await self._fetch(
+            "SELECT MIN(id) FROM messages WHERE session_id = ? AND platform_id = ?", (session_id, platform_id)
+        )
+        after = first[0][0] if first and first[0][0] is not None else None
         rows = await self._fetch(
-            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ? AND role = 'user'"
-            " AND metadata LIKE ? ORDER BY id",
-            (session_id, f"%{fragment}%"),
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ?"
+            + (" AND archived IN (0, 1) AND id > ?" if after is not None else " AND archived = 0")
+            + " AND role = 'user' AND metadata LIKE ? ORDER BY id",
+            (session_id, *((after,) if after is not None else ()), f"%{fragment}%"),
         )
         out: list[Message] = []
         for row in rows:
