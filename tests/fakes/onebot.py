@@ -596,8 +596,10 @@ class OneBotSim:
     async def _push_message(self, stored: StoredMessage, *, sub_type: str, extra: dict[str, Any]) -> None:
         try:
             await self.send_event(self._event_of(stored, sub_type=sub_type, extra=extra))
-        except RuntimeError:
-            pass  # not connected: said while the bot was away, kept for the history actions
+        except (RuntimeError, ConnectionClosed):
+            # Not connected, or the bot died as it was sent (a kill test's SIGKILL landing on
+            # this very push): said while the bot was away, kept for the history actions.
+            pass
 
     def _event_of(self, stored: StoredMessage, *, sub_type: str, extra: dict[str, Any]) -> dict[str, Any]:
         return {
