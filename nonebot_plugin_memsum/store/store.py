@@ -369,9 +369,6 @@ class Tx:
             "UPDATE messages SET withdrawn = 1 WHERE session_id = ? AND platform_id = ?",
             (session_id, platform_id),
         )
-        quoting = await self._mark_quotes_withdrawn(session_id, platform_id)
-        if mask is None:
-            return
         gone = [
             _message_from_row(r)
             for r in await self._fetch(
@@ -380,8 +377,9 @@ class Tx:
                 (session_id, platform_id),
             )
         ]
+        quoting = await self._mark_quotes_withdrawn(session_id, platform_id, gone[0].id if gone else None)
         gone += quoting
-        if not gone:
+        if mask is None or not gone:
             return
         results = await self._fetch(
             "SELECT id, content FROM messages WHERE session_id = ? AND archived = 0 AND id > ?"
@@ -395,17 +393,15 @@ class Tx:
                     "UPDATE messages SET content = ?, tokens = NULL WHERE id = ?", (masked, msg_id)
                 )
 
-    async def _mark_quotes_withdrawn(self, session_id: str, platform_id: str) -> list[Message]:
+    async def _mark_quotes_withdrawn(
+        self, session_id: str, platform_id: str, after: int | None
+    ) -> list[Message]:
         """QUOTE_WITHDRAWN_KEY on the session's replies quoting this platform id; those replies,
-        as now read (their stored estimate was of the quote's text: read back without one)."""
+        as now read (their stored estimate was of the quote's text: read back without one).
+        Only what came after the message's id `after` (a reply follows what it quotes): a
+        withdrawal in a session of a million messages reads its tail, not every row's metadata;
+        a message never stored (None: said before the bot came), the active history."""
         fragment = _dump_json({QUOTE_OF_KEY: platform_id}, "quote")[1:-1]
-        # Only what came after the message (a reply follows what it quotes): a withdrawal in a
-        # session of a million messages reads its tail, not every row's metadata. A message
-        # never stored (said before the bot came): the active history.
-        first = await self._fetch(
-            "SELECT MIN(id) FROM messages WHERE session_id = ? AND platform_id = ?", (session_id, platform_id)
-        )
-        after = first[0][0] if first and first[0][0] is not None else None
         rows = await self._fetch(
             f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ?"
             + (" AND archived IN (0, 1) AND id > ?" if after is not None else " AND archived = 0")
