@@ -104,7 +104,12 @@ def _message(api: str, data: Mapping[str, Any]) -> OBMessage:
 
 def echo_text(message: OBMessage) -> str:
     """What an own send and its echo both read as: rendered without names, blanks collapsed."""
-    return " ".join(render_segments(segments_of(message), {}).split())
+    return _collapsed(render_segments(segments_of(message), {}))
+
+
+def _collapsed(text: str) -> str:
+    """`text` with each run of blanks as one space: a stored answer as its echo reads."""
+    return " ".join(text.split())
 
 
 def _session(self_id: str, target: tuple[str, int | None, int]) -> str:
@@ -207,9 +212,7 @@ async def sent_here(session_id: str) -> list[tuple[str, str | None]]:
         for e in _merged(kept, rt.onebot.sent.get(session_id, []))
     ]
     unnamed = [
-        (" ".join(m.content.split()), IN_PARTS)
-        for m in stored
-        if m.role == "assistant" and m.platform_id is None
+        (_collapsed(m.content), IN_PARTS) for m in stored if m.role == "assistant" and m.platform_id is None
     ]
     return noted + unnamed
 
@@ -222,7 +225,7 @@ async def name_fetched_answer(session_id: str, message_id: str, text: str) -> No
     try:
         for m in reversed(await rt.store.get_history(session_id, SENT_KEPT)):
             if m.role == "assistant" and m.platform_id is None:
-                if " ".join(m.content.split()) == text:
+                if _collapsed(m.content) == text:
                     await rt.store.name_answer(session_id, m.content, message_id)
                 return  # name_answer names the newest such answer only
     except StoreError as err:
