@@ -57,7 +57,7 @@ class Runtime:
         """`Store.mark_withdrawn`, with the session's recall results that show those messages
         masked as the recall tool wrote them (its time zone)."""
         mask = functools.partial(mask_withdrawn, zone=zone_of(self.config))
-        await self.store.mark_withdrawn(session_id, platform_id, mask)
+        await self.agent.mark_withdrawn(session_id, platform_id, mask)
 
     def use_todos(self, provider: TodoProvider | None) -> None:
         """The todo list the work template reads (R-RUN-4, the spec's todoList) and the built-in

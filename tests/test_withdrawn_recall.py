@@ -26,10 +26,13 @@ from typing import Any
 
 import pytest
 
+from nonebot_plugin_memsum import clock
 from nonebot_plugin_memsum.agent.recall import excerpt, mask_withdrawn, render
+from nonebot_plugin_memsum.agent.tools import ToolContext
 from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_text_tokens
 from nonebot_plugin_memsum.store import SearchHit, Store
 from nonebot_plugin_memsum.types import WITHDRAWN_TEXT, Message, ToolCall
+from tests.fakes.agent import GROUP, GROUP_ENTRY, MakeRuntime, Replies, chat_requests, fill, tool_call, user
 from tests.fakes.botproc import BotProcess
 from tests.fakes.e2e import SELF_ID, group_sid, query, running_bot, until
 from tests.fakes.llm_server import Reply, ScriptedLLM
@@ -239,3 +242,37 @@ async def test_a_number_withdrawn_after_the_model_looked_it_up_is_gone_from_late
     assert PHONE not in json.dumps(chat["messages"], ensure_ascii=False)
     [result] = tool_results(chat)
     assert f"[阿洁(20042)] {WITHDRAWN_TEXT}" in result
+
+
+# ---- a withdrawal while the recall tool runs ---------------------------------------------
+async def test_a_withdrawal_that_lands_while_recall_runs_masks_its_result_too(
+    make_rt: MakeRuntime, llm: ScriptedLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race audit 16 left: the tool read the number, the member withdrew it before the
+    result was stored (so the withdrawal found no result to mask), and the result kept it for
+    every later request. The withdrawal is made again once the result is stored."""
+    rt = await make_rt()
+    await fill(
+        rt, GROUP, [replace(user(f"我的手机号是 {PHONE}", 20042, "阿洁"), platform_id="555", ts=clock.now())]
+    )
+    await fill(rt, GROUP, [user("@小记(10000) 阿洁的手机号多少", 20041, "小林")])
+    search = rt.tools.call
+
+    async def withdrawn_meanwhile(ctx: ToolContext, name: str, arguments: str) -> str:
+        output = await search(ctx, name, arguments)
+        assert PHONE in output  # read before the withdrawal
+        await rt.mark_withdrawn(GROUP.id, "555")  # group_recall handled before the result is stored
+        return output
+
+    monkeypatch.setattr(rt.tools, "call", withdrawn_meanwhile)
+    llm.push(Reply("", tool_calls=[tool_call("r1", "recall", {"query": "手机号"})]), Reply("查不到了。"))
+    assert await rt.agent.run_turn(GROUP.id, Replies(), GROUP_ENTRY) == "replied"
+
+    [(stored,)] = await query(rt.store.location, "SELECT content FROM messages WHERE role = 'tool'")
+    assert PHONE not in stored
+    assert f"[阿洁(20042)] {WITHDRAWN_TEXT}" in stored
+    await fill(rt, GROUP, [user("@小记(10000) 再说一遍", 20041, "小林")])
+    llm.push(Reply("没有了。"))
+    assert await rt.agent.run_turn(GROUP.id, Replies(), GROUP_ENTRY) == "replied"
+    later = chat_requests(llm)[-1]
+    assert PHONE not in json.dumps(later["messages"], ensure_ascii=False)

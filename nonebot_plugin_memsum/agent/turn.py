@@ -43,7 +43,7 @@ from nonebot_plugin_memsum.llm.review import (
 from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens, estimate_text_tokens
 from nonebot_plugin_memsum.lru import LRU, KeyedLocks
 from nonebot_plugin_memsum.settings import Resolved, Settings, place_key, tier_keys
-from nonebot_plugin_memsum.store import ReplyState, Store
+from nonebot_plugin_memsum.store import RecallMask, ReplyState, Store
 from nonebot_plugin_memsum.types import (
     REASONING_KEY,
     TOOL_EXTRA_KEY,
@@ -150,6 +150,8 @@ class Agent:
     _turn_tasks: dict[str, asyncio.Task[Any] | None] = field(default_factory=dict)
     _cleared: set[str] = field(default_factory=set)
     """Sessions whose context was cleared from outside their running turn (`context_cleared`)."""
+    _tool_running: dict[str, list[tuple[str, RecallMask]]] = field(default_factory=dict)
+    """Sessions with a tool running → the withdrawals that came meanwhile (`mark_withdrawn`)."""
     _tools_cost: tuple[list[dict[str, Any]], int] = ([], 0)
     """The latest tool schemas offered and their `tools_tokens` (see `_tools_tokens`)."""
     _fitted: LRU[tuple[str, str, str], str] = field(default_factory=LRU)
@@ -190,6 +192,14 @@ class Agent:
         tools, no answer, no error reply; what it was asked is no longer in the context."""
         if self._turn_tasks.get(session_id) not in (None, asyncio.current_task()):
             self._cleared.add(session_id)
+
+    async def mark_withdrawn(self, session_id: str, platform_id: str, mask: RecallMask) -> None:
+        """`Store.mark_withdrawn`. One that comes while a tool of the session runs is made
+        again once the tool's result is stored: a recall result read before the withdrawal
+        and stored after it was not there to be masked."""
+        if (meanwhile := self._tool_running.get(session_id)) is not None:
+            meanwhile.append((platform_id, mask))
+        await self.store.mark_withdrawn(session_id, platform_id, mask)
 
     async def record(self, session: SessionRecord, msg: Message) -> Message:
         """Store one message of a session (creating the session record on first use)."""
@@ -791,15 +801,21 @@ class Agent:
         return tokens
 
     async def _run_tool(self, ctx: ToolContext, call: ToolCall) -> None:
-        output = await self.tools.call(ctx, call.name, call.arguments)
-        if ctx.session_id in self._cleared:
-            # R-MEM-2: cleared (from outside the turn) while the tool ran: its call went with the
-            # clear, and what it read may have gone too; stored, a later request would carry it.
-            return
-        await self._append(
-            ctx.session_id,
-            Message(role="tool", content=output, name=call.name, tool_call_id=call.id, ts=clock.now()),
-        )
+        meanwhile = self._tool_running[ctx.session_id] = []
+        try:
+            output = await self.tools.call(ctx, call.name, call.arguments)
+            if ctx.session_id in self._cleared:
+                # R-MEM-2: cleared (from outside the turn) while the tool ran: its call went with
+                # the clear, and what it read may have gone too; stored, a later request would carry it.
+                return
+            await self._append(
+                ctx.session_id,
+                Message(role="tool", content=output, name=call.name, tool_call_id=call.id, ts=clock.now()),
+            )
+        finally:
+            del self._tool_running[ctx.session_id]
+        for platform_id, mask in meanwhile:
+            await self.store.mark_withdrawn(ctx.session_id, platform_id, mask)  # now it masks this result
 
 
 async def _contributed(fn: Contribution, session_id: str) -> str | None:

@@ -3,7 +3,17 @@ settings and the usage ledger. `open_store(location)` is how every caller gets o
 
 from .engine import Location, describe
 from .search import SearchHit, SearchQuery
-from .store import SUMMARY_NAMESPACE, Activity, ClearKind, ReplyState, Store, StoreError, Tx, UsageRow
+from .store import (
+    SUMMARY_NAMESPACE,
+    Activity,
+    ClearKind,
+    RecallMask,
+    ReplyState,
+    Store,
+    StoreError,
+    Tx,
+    UsageRow,
+)
 
 
 async def open_store(location: Location) -> Store:
@@ -19,6 +29,7 @@ __all__ = [
     "Activity",
     "ClearKind",
     "Location",
+    "RecallMask",
     "ReplyState",
     "SearchHit",
     "SearchQuery",
