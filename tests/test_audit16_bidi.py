@@ -146,3 +146,35 @@ async def test_the_page_shows_controls_and_isolates_names_and_messages_in_chromi
         d = (await owner.get(f"api/sessions/{GROUP.id.replace(':', '%3A')}")).json()
     assert d["name"] == "爬山群<U+202E>ABC"
     assert d["recent"][-1]["content"] == f"[成员9(30009)] 周末的提取码是 8d3k\n<U+202E>{FORGED[1:]}"
+
+
+async def test_the_flash_line_after_saving_a_persona_isolates_it_in_chromium(
+    env: WebEnv,  # noqa: F811
+    browser: Any,  # noqa: F811
+) -> None:
+    """The line 「人设 现在是 …（本会话）」 after a save put the new persona in one text node
+    with its frame: an override in it (only an owner or an admin sets one) laid the layer's
+    name out reversed, on the persona's side. The persona now sits in a <bdi> there too, also
+    after the page's refresh."""
+    from playwright.async_api import expect
+
+    page = await browser.new_page(locale="zh-CN")
+    await page.goto(env.base + "/")
+    await page.fill("#token", TOKEN)
+    await page.click("#login-form button[type=submit]")
+    await page.click(f"tr.session-row[data-id='{GROUP.id}']")
+    row = page.locator("#settings tr[data-name='persona']")
+    await row.locator("textarea").fill(f"你是小记{RLO}XYZ")
+    await row.locator("button.save").click()
+    await expect(page.locator("#flash")).to_contain_text("本会话")
+    # The frame reads left to right: 现在是, the persona (its XYZ reversed by its own override,
+    # inside it), then the layer's name, each of its characters in order (the override had
+    # laid it out 「话会本」); and so after the page's timed refresh draws the line again.
+    for _ in range(2):
+        lefts = await page.evaluate(_LEFTS, ["#flash", ["现在是", "你是小记", "本", "会", "话"]])
+        assert None not in lefts
+        assert lefts == sorted(lefts), lefts
+        await page.evaluate("document.getElementById('flash').dataset.old = '1'; refresh()")
+        await expect(page.locator("#flash:not([data-old])")).to_contain_text("本会话")
+    assert (await env.rt.settings.effective("persona", GROUP.id)).value == f"你是小记{RLO}XYZ"  # as typed
+    await page.close()

@@ -57,8 +57,9 @@ function setMain(...nodes) {
   m.replaceChildren(...nodes);
 }
 function flash(text, bad) {
+  // `text`: a string, or nodes (a value the owner typed goes in a <bdi> of its own).
   const box = document.getElementById("flash");
-  if (box) { box.textContent = text; box.className = bad ? "notice error" : "notice"; box.hidden = false; }
+  if (box) { box.replaceChildren(...[text].flat()); box.className = bad ? "notice error" : "notice"; box.hidden = false; }
 }
 function confirmDialog(text) {
   const modal = document.getElementById("modal");
@@ -230,7 +231,7 @@ function settingRow(sid, s, group, modes) {
     try {
       const result = await api(`sessions/${encodeURIComponent(sid)}/settings`, { body: { name: s.name, scope: scope ? scope.value : "session", value } });
       await route();
-      flash(`${s.title} 现在是 ${result.text}（${result.layer_label}）`);
+      flash([`${s.title} 现在是 `, el("bdi", {}, result.text), `（${result.layer_label}）`]);
     } catch (err) { if (err instanceof SignedOut) return loginPage(); flash(err.message, true); }
   };
   return el("tr", { class: "setting", "data-name": s.name },
@@ -400,10 +401,10 @@ function refresh() {
     return;
   }
   const flashBox = document.getElementById("flash");
-  const kept = flashBox && !flashBox.hidden ? [flashBox.textContent, flashBox.className] : null;
+  const kept = flashBox && !flashBox.hidden ? [[...flashBox.childNodes], flashBox.className] : null;
   route().then(() => {
     const box = document.getElementById("flash");
-    if (kept && box) { box.textContent = kept[0]; box.className = kept[1]; box.hidden = false; }
+    if (kept && box) { box.replaceChildren(...kept[0]); box.className = kept[1]; box.hidden = false; }
   });
 }
 
