@@ -8,6 +8,7 @@
     ├── ToolNameTaken             `api.tool` was given a name already offered to the model (also a ValueError)
     ├── BadToolName               `api.tool` was given a name the model APIs refuse (also a ValueError)
     ├── StoreError                the SQLite file cannot be opened, read or written
+    │   ├── ClearedMeanwhile      not stored: the context was cleared since the turn read it
     │   └── SchemaTooNewError     the file was written by a newer version of the plugin
     ├── NoChatModel               no chat-capable model is configured
     ├── CompressionError          a compression did not happen; `reason` is for the user
@@ -100,6 +101,15 @@ class BadToolName(MemsumError, ValueError):
 
 class StoreError(MemsumError):
     """The store could not be opened, read or written, or was used the wrong way."""
+
+
+class ClearedMeanwhile(StoreError):
+    """Not stored: the session's context was cleared (or the session deleted) after the
+    turn that wrote it read the history (R-MEM-2; `Store.clears`)."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"{session_id}: its context was cleared since this turn began")
+        self.session_id = session_id
 
 
 class SchemaTooNewError(StoreError):

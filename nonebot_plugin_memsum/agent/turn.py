@@ -24,7 +24,7 @@ from nonebot.log import logger
 from nonebot_plugin_memsum import clock
 from nonebot_plugin_memsum.compression.budget import compression_line
 from nonebot_plugin_memsum.config import Config, ModelConfig
-from nonebot_plugin_memsum.errors import NoChatModel, StoreError, TurnInProgress
+from nonebot_plugin_memsum.errors import ClearedMeanwhile, NoChatModel, StoreError, TurnInProgress
 from nonebot_plugin_memsum.llm import (
     ChatResult,
     LLMClient,
@@ -148,8 +148,9 @@ class Agent:
     _make_room: MakeRoom | None = None
     """The compression's way to avoid a hard trim (issue 9); see `on_trim`."""
     _turn_tasks: dict[str, asyncio.Task[Any] | None] = field(default_factory=dict)
-    _cleared: set[str] = field(default_factory=set)
-    """Sessions whose context was cleared from outside their running turn (`context_cleared`)."""
+    _fences: dict[str, int] = field(default_factory=dict)
+    """Sessions with a turn running → the store's count of their clears the turn read the
+    history under (`Store.clears`; see `_was_cleared`)."""
     _tool_running: dict[str, list[tuple[str, RecallMask]]] = field(default_factory=dict)
     """Sessions with a tool running → the withdrawals that came meanwhile (`mark_withdrawn`)."""
     _tools_cost: tuple[list[dict[str, Any]], int] = ([], 0)
@@ -187,11 +188,19 @@ class Agent:
         return self._turn_tasks.get(session_id) is asyncio.current_task()
 
     def context_cleared(self, session_id: str) -> None:
-        """The session's context was cleared (R-MEM-2). A turn of it running now, unless the
-        clear came from inside it (its own tool), sends nothing more: no next call after its
-        tools, no answer, no error reply; what it was asked is no longer in the context."""
-        if self._turn_tasks.get(session_id) not in (None, asyncio.current_task()):
-            self._cleared.add(session_id)
+        """The session's context was cleared (R-MEM-2) from inside its running turn (its own
+        tool): the turn goes on after it. A turn cleared from outside sends and stores nothing
+        more (`_was_cleared`)."""
+        if self.is_turn_task(session_id):
+            self._fences[session_id] = self.store.clears(session_id)
+
+    def _was_cleared(self, session_id: str) -> bool:
+        """R-MEM-2: the session's context was cleared, or the session deleted, from outside
+        its running turn since the turn began: no next call after its tools, no answer, no
+        error reply; what it was asked is no longer in the context. The store counts a clear
+        as it commits, and checks the count again as it stores the turn's messages
+        (ClearedMeanwhile): a write that waited behind the clear is not stored after it."""
+        return self._fences.get(session_id) != self.store.clears(session_id)
 
     async def mark_withdrawn(self, session_id: str, platform_id: str, mask: RecallMask) -> None:
         """`Store.mark_withdrawn`. One that comes while a tool of the session runs is made
@@ -310,18 +319,18 @@ class Agent:
         )
         return prompt
 
-    def _append(self, session_id: str, msg: Message) -> Awaitable[Message]:
-        return self.store.append(session_id, _estimated(msg))
+    def _append(self, session_id: str, msg: Message, fence: int | None = None) -> Awaitable[Message]:
+        return self.store.append(session_id, _estimated(msg), fence)
 
     async def _append_answer(
         self, session_id: str, msg: Message, upto: int | None, state: ReplyState
     ) -> None:
         """The turn's answer and the mark that it answers everything up to `upto`, in one commit."""
-        msg = _estimated(msg)
+        msg, fence = _estimated(msg), self._fences.get(session_id)
         if upto is None:
-            await self.store.append(session_id, msg)
+            await self.store.append(session_id, msg, fence)
             return
-        await self.store.append_marking(session_id, msg, upto, state)
+        await self.store.append_marking(session_id, msg, upto, state, fence)
 
     async def history_limit(self, session_id: str, entry: Entry) -> int:
         resolved = await self.settings.effective(
@@ -412,7 +421,7 @@ class Agent:
             if only_new and not await self._has_new(session_id):
                 return "silent"
             self._turn_tasks[session_id] = asyncio.current_task()
-            self._cleared.discard(session_id)
+            self._fences[session_id] = self.store.clears(session_id)
             started = time.perf_counter()
             stats = _TurnStats()
             await self.bus.emit(TurnStarted(turn_id, session_id))
@@ -422,6 +431,8 @@ class Agent:
             except asyncio.CancelledError:
                 outcome = "aborted"
                 raise
+            except ClearedMeanwhile:
+                outcome = "silent"  # R-MEM-2: what it made of the history went with the clear
             except NoChatModel:
                 # R-CFG-5: the registry warns once when no chat model is left; not every turn.
                 logger.info("memsum: no chat model is configured; cannot answer")
@@ -432,7 +443,7 @@ class Agent:
             except Exception:
                 logger.exception(f"memsum: turn of {session_id} failed")
             finally:
-                if outcome == "error" and reply is not None and session_id not in self._cleared:
+                if outcome == "error" and reply is not None and not self._was_cleared(session_id):
                     # The error reply answers nothing when every question was withdrawn (撤回)
                     # meanwhile (a refused one, say, while its search ran): nothing goes out.
                     if not (requested and await self._questions_withdrawn(session_id, stats.read)):
@@ -447,7 +458,7 @@ class Agent:
                 )
                 await self.bus.emit(TurnEnded(turn_id, session_id, outcome))
                 self._turn_tasks.pop(session_id, None)
-                self._cleared.discard(session_id)
+                self._fences.pop(session_id, None)
         return outcome
 
     async def _has_new(self, session_id: str) -> bool:
@@ -557,7 +568,7 @@ class Agent:
                 "line": math.floor(line) if line is not None else None,
             }
             await self.bus.emit(UsageEvent(turn_id=None, usage=prompt.estimate, **facts))
-            if session_id in self._cleared:
+            if self._was_cleared(session_id):
                 # R-MEM-2: cleared after the history was read (while a contribution or the
                 # summary was read): what was read must not reach the model, and the question
                 # went with the clear.
@@ -598,7 +609,7 @@ class Agent:
             reported = result.usage.prompt_tokens if result.usage else 0
             used = reported or prompt.estimate
             await self.bus.emit(UsageEvent(turn_id=turn_id, usage=used, **facts))
-            if session_id in self._cleared:
+            if self._was_cleared(session_id):
                 return "silent"  # cleared while the model answered: its answer or call answers nothing now
             if result.tool_calls and offer_tools:
                 # The reasoning goes back with the call: DeepSeek's thinking mode requires it;
@@ -617,12 +628,13 @@ class Agent:
                         ts=clock.now(),
                         metadata=thought,
                     ),
+                    self._fences.get(session_id),
                 )
                 for call in result.tool_calls:
-                    if session_id in self._cleared:
+                    if self._was_cleared(session_id):
                         break  # R-MEM-2: the calls went with the clear
                     await self._run_tool(ctx, call)
-                if session_id in self._cleared:
+                if self._was_cleared(session_id):
                     return "silent"  # cleared while its tools ran: the question is gone
                 continue
             text = _ECHOED_LABEL.sub("", result.content.strip())
@@ -804,13 +816,14 @@ class Agent:
         meanwhile = self._tool_running[ctx.session_id] = []
         try:
             output = await self.tools.call(ctx, call.name, call.arguments)
-            if ctx.session_id in self._cleared:
+            if self._was_cleared(ctx.session_id):
                 # R-MEM-2: cleared (from outside the turn) while the tool ran: its call went with
                 # the clear, and what it read may have gone too; stored, a later request would carry it.
                 return
             await self._append(
                 ctx.session_id,
                 Message(role="tool", content=output, name=call.name, tool_call_id=call.id, ts=clock.now()),
+                self._fences.get(ctx.session_id),
             )
         finally:
             del self._tool_running[ctx.session_id]

@@ -31,7 +31,7 @@ from typing import Any, Literal
 from nonebot.log import logger
 
 from nonebot_plugin_memsum import clock
-from nonebot_plugin_memsum.errors import StoreError
+from nonebot_plugin_memsum.errors import ClearedMeanwhile, StoreError
 from nonebot_plugin_memsum.lru import LRU
 from nonebot_plugin_memsum.types import (
     QUOTE_OF_KEY,
@@ -232,7 +232,7 @@ class Tx:
     append, `_appended`), nothing else is needed.
     """
 
-    __slots__ = ("_appended", "_db", "_ledger", "_named_answers", "_open", "_touched")
+    __slots__ = ("_appended", "_cleared", "_db", "_ledger", "_named_answers", "_open", "_touched")
 
     def __init__(self, db: Db, ledger: list[tuple[Any, ...]] | None = None) -> None:
         self._db = db
@@ -245,6 +245,8 @@ class Tx:
         """Sessions whose rows changed otherwise: their cached history is dropped."""
         self._named_answers: list[tuple[str, str, str]] = []
         """(session, text, platform id) of `name_answer`: the cached answer gets its id."""
+        self._cleared: set[str] = set()
+        """Sessions whose context it cleared, or which it deleted (`Store.clears`)."""
 
     def _end(self) -> None:
         self._open = False
@@ -631,6 +633,7 @@ class Tx:
         await self._live().hold(session_id)
         if kind == "context":
             self._touched.add(session_id)
+            self._cleared.add(session_id)
             rows = await self._fetch(
                 "SELECT COUNT(*) FROM messages WHERE session_id = ? AND archived = 0", (session_id,)
             )
@@ -650,6 +653,7 @@ class Tx:
         # holds the session and then writes its messages; deleting them first deadlocked with it.
         await self._live().hold(session_id)
         self._touched.add(session_id)
+        self._cleared.add(session_id)
         await self._live().forget(session_id)
         for sql in (
             "DELETE FROM messages WHERE session_id = ?",
@@ -950,6 +954,9 @@ class Store:
         """Session records seen lately; they never change once written."""
         self._history = HistoryCache()
         """Active histories, kept in step by every write that goes through a Tx."""
+        self._clears: dict[str, int] = {}
+        """Session → its context clears and deletions in this process (`clears`); an owner's
+        action, a few a day: not bounded (a count forgotten would fail a turn's fence)."""
         self._ledger: list[tuple[Any, ...]] = []
         """Usage rows not written yet (`record_usage`)."""
         self._sent: dict[str, int] = {}
@@ -1092,6 +1099,8 @@ class Store:
                 self._history.drop(session_id)
         for session_id in tx._touched:
             self._history.drop(session_id)
+        for session_id in tx._cleared:  # counted even when not known committed: a write waits
+            self._clears[session_id] = self._clears.get(session_id, 0) + 1
 
     @contextlib.asynccontextmanager
     async def _held(self) -> AsyncIterator[Db]:
@@ -1132,9 +1141,22 @@ class Store:
             self._sessions[session_id] = stored
         return stored
 
-    async def append(self, session_id: str, msg: Message) -> Message:
+    async def append(self, session_id: str, msg: Message, fence: int | None = None) -> Message:
+        """`fence`: the session's `clears` count its writer read the history under; when a
+        clear came since, nothing is stored (ClearedMeanwhile)."""
         async with self._statement() as tx:
+            self._check_fence(session_id, fence)
             return await tx.append(session_id, msg)
+
+    def clears(self, session_id: str) -> int:
+        """How many times this process cleared the session's context or deleted it: counted
+        as each commits, while the store is still held, so a write that waited behind one
+        sees it (R-MEM-2: a turn stores nothing it made from the history before a clear)."""
+        return self._clears.get(session_id, 0)
+
+    def _check_fence(self, session_id: str, fence: int | None) -> None:
+        if fence is not None and fence != self._clears.get(session_id, 0):
+            raise ClearedMeanwhile(session_id)
 
     async def get_history(self, session_id: str, limit: float = math.inf) -> list[Message]:
         """From the history cache when the session is in it; a whole read fills it."""
@@ -1310,11 +1332,14 @@ class Store:
         async with self._statement() as tx:
             await tx.mark_reply(session_id, upto, state)
 
-    async def append_marking(self, session_id: str, msg: Message, upto: int, state: ReplyState) -> Message:
+    async def append_marking(
+        self, session_id: str, msg: Message, upto: int, state: ReplyState, fence: int | None = None
+    ) -> Message:
         """A turn's answer and the mark that it answers the questions up to `upto`, committed
         together: on SQLite one trip to the database thread, not two (a transaction's INSERT
-        and then its COMMIT)."""
+        and then its COMMIT). `fence`: as `append`'s."""
         async with self._statement() as tx:
+            self._check_fence(session_id, fence)
             return await tx.append_marking(session_id, msg, upto, state)
 
     def mark_sent(self, session_id: str, upto: int) -> None:
