@@ -31,8 +31,17 @@ from tests.fakes.llm_server import Reply, ScriptedLLM
 SECRET = "提取码 8d3k"
 
 
-async def store_taken(rt: Runtime) -> None:
-    """Until the clear's transaction holds the store (its one connection's lock)."""
+async def asked_with_a_secret(make_rt: MakeRuntime) -> Runtime:
+    rt = await make_rt()
+    said = [user(f"网盘{SECRET}", 20042, "阿洁"), user("@小记(10000) 提取码是多少", 20041, "小林")]
+    await fill(rt, GROUP, said)
+    return rt
+
+
+async def clear_now(rt: Runtime, clearing: list[asyncio.Task[None]]) -> None:
+    """The owner's /清除 上下文, started now; back once its transaction holds the store (its
+    one connection's lock), so the turn's next write waits behind it."""
+    clearing.append(asyncio.create_task(rt.compression.clear(GROUP.id, "context")))
     while not rt.store._lock.locked():  # noqa: ASYNC110  (the lock has no event to wait on)
         await asyncio.sleep(0)
 
@@ -40,20 +49,14 @@ async def store_taken(rt: Runtime) -> None:
 async def test_r_mem_2_a_tool_result_that_waited_behind_a_clear_is_not_stored_after_it(
     make_rt: MakeRuntime, llm: ScriptedLLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    rt = await make_rt()
-    await fill(
-        rt, GROUP, [user(f"网盘{SECRET}", 20042, "阿洁"), user("@小记(10000) 提取码是多少", 20041, "小林")]
-    )
+    rt = await asked_with_a_secret(make_rt)
     search = rt.tools.call
     clearing: list[asyncio.Task[None]] = []
 
     async def cleared_meanwhile(ctx: ToolContext, name: str, arguments: str) -> str:
         output = await search(ctx, name, arguments)
         assert SECRET in output
-        # The owner's /清除 上下文 arrives now: its transaction holds the store when the
-        # turn comes to store the result.
-        clearing.append(asyncio.create_task(rt.compression.clear(GROUP.id, "context")))
-        await store_taken(rt)
+        await clear_now(rt, clearing)  # before the turn stores the result
         return output
 
     monkeypatch.setattr(rt.tools, "call", cleared_meanwhile)
@@ -74,19 +77,13 @@ async def test_r_mem_2_a_tool_result_that_waited_behind_a_clear_is_not_stored_af
 async def test_r_mem_2_an_answer_that_waited_behind_a_clear_is_neither_stored_nor_sent(
     make_rt: MakeRuntime, llm: ScriptedLLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    rt = await make_rt()
-    await fill(
-        rt, GROUP, [user(f"网盘{SECRET}", 20042, "阿洁"), user("@小记(10000) 提取码是多少", 20041, "小林")]
-    )
+    rt = await asked_with_a_secret(make_rt)
     clearing: list[asyncio.Task[None]] = []
     withdrawn = rt.store.questions_withdrawn
 
     async def cleared_meanwhile(session_id: str, upto: int | None = None) -> bool:
-        # The last read before the answer is stored: the clear's transaction takes the store
-        # as it ends.
         answer = await withdrawn(session_id, upto)
-        clearing.append(asyncio.create_task(rt.compression.clear(GROUP.id, "context")))
-        await store_taken(rt)
+        await clear_now(rt, clearing)  # the turn's last read before it stores the answer
         return answer
 
     monkeypatch.setattr(rt.store, "questions_withdrawn", cleared_meanwhile)
