@@ -11,10 +11,12 @@ a tool result without its call.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+from nonebot_plugin_memsum.compression.budget import exact
 from nonebot_plugin_memsum.llm.tokens import MESSAGE_OVERHEAD, NOTICE_PREFIX, REQUEST_OVERHEAD
 from nonebot_plugin_memsum.types import (
     CONVERSATION_ROLES,
@@ -327,6 +329,9 @@ def _longest_head(length: int, tokens: int, cost_of: Callable[[int], int]) -> in
 
 
 def trim_budget(window: int, trim_ratio: float, model_max_output: int | None, reply_max_tokens: int) -> int:
-    """⌊trim_ratio × window⌋ − the reply reserve (the model's max output, capped by ours)."""
+    """⌊trim_ratio × window⌋ − the reply reserve (the model's max output, capped by ours).
+
+    The ratio is read as the decimal it is written as (`exact`), as the compression line is:
+    in binary floats 0.29 × 200000 is 57999.99…, a token short."""
     reserve = min(model_max_output, reply_max_tokens) if model_max_output else reply_max_tokens
-    return max(0, int(trim_ratio * window) - reserve)
+    return max(0, math.floor(exact(trim_ratio) * window) - reserve)
