@@ -26,7 +26,7 @@ from nonebot_plugin_memsum.agent.prompt import trim_budget
 from nonebot_plugin_memsum.compression.budget import Budget, compression_line, compute_budget, physical_cap
 from nonebot_plugin_memsum.compression.keep import apply_count_rule, select_kept
 from nonebot_plugin_memsum.compression.parse import ParsedReply
-from nonebot_plugin_memsum.compression.request import REFUSED_WINDOW, capacity
+from nonebot_plugin_memsum.compression.request import REFUSED_WINDOW, SUMMARY_CUT, capacity
 from nonebot_plugin_memsum.compression.templates import CHAT, system_prompt
 from nonebot_plugin_memsum.compression.trigger import Backoff, UsageFacts, count_due, usage_due
 from nonebot_plugin_memsum.compression.units import Part, Unit
@@ -494,6 +494,8 @@ def _check_sizes(body: dict[str, Any], budget: Fraction, phys: Fraction, keep_ca
 
 @RUNTIME
 @given(case=cases)
+# A physical cap of one token: the cut summary has no room for its marker.
+@example(case=Case(2000, None, 0.0, 0.0, 3000, 1, 1, 1, 2))
 async def test_ref_runtime_literal_capacity(make: Make, case: Case) -> None:
     """MEMSUM_CAPACITY=spec: every request's sizes are the reference's, and each request's
     conversation is within R-RUN-9's literal capacity."""
@@ -514,12 +516,17 @@ async def test_ref_runtime_literal_capacity(make: Make, case: Case) -> None:
         summary = existing_summary_of(body)
         prompt_chars = len(system_of(body)) + len(user_of(body)) - len(conversation_of(body)) - len(summary)
         assert len(conversation_of(body)) <= ref_capacity(case.window, phys, max_tokens, prompt_chars)
-        # What the literal rule promises, when the summary is within the physical cap.
+        # What the literal rule promises, the summary counted as at most the physical cap. The
+        # stored one, longer when a larger model's cap wrote it, is sent cut to the cap; a later
+        # request's is this run's, which a real model writes within max_tokens (this scripted
+        # one does not).
         fits = _request_tokens(body) + body["max_tokens"] <= case.window
+        if body is requests[0]:
+            assert estimate_text_tokens(summary) <= phys
         if estimate_text_tokens(summary) <= phys:
             assert fits
         else:
-            event(f"summary over the cap, request fits: {fits}")
+            event(f"this run's summary over the cap, request fits: {fits}")
 
 
 @RUNTIME
@@ -764,3 +771,30 @@ async def test_ref_runtime_chat_request_within_the_trim_budget(
             continue
         assert sent <= budget
         assert sent + body["max_tokens"] <= q(trim_ratio) * window
+
+
+async def test_r_run_9_an_existing_summary_over_the_physical_cap_is_sent_cut_to_it(make: Make) -> None:
+    """The divergence this audit found: the owner moved the summaries to a model with a smaller
+    window (6,000: physical cap 1,500) and the stored summary, written under the old model's
+    cap, is ~6,000 tokens. Under the literal rule every request went over the window (a
+    provider answers "context too long", every retry too); under the measured rule every run
+    was refused with REFUSED_WINDOW. Either way the session never compressed again. Now the
+    summary is sent cut to the physical cap, the run succeeds and its summary replaces it."""
+    window, cap = 6000, 1500
+    old = "## 最近在聊什么\n" + "".join(f"第{i}件旧事：大家讨论了第{i}个方案的细节。\n" for i in range(400))
+    assert estimate_text_tokens(old) > window  # written under a larger model's cap
+    for rule in ("spec", "measured"):
+        env = await make(summary={"context_window": window}, memsum_capacity=rule)
+        await seed(env.rt, 30, size=40)
+        await env.rt.store.put_meta(SUMMARY_NAMESPACE, GROUP.id, {**OLD_SUMMARY, "text": old})
+        result = await env.rt.compression.compress(GROUP.id)
+        requests = env.model.summary_requests()
+        assert requests, rule
+        for body in requests:
+            assert _request_tokens(body) + body["max_tokens"] <= window, rule
+        sent = existing_summary_of(requests[0])
+        assert sent.endswith(SUMMARY_CUT), rule
+        assert old.startswith(sent.removesuffix(SUMMARY_CUT)), rule  # its head, as written
+        assert cap // 2 <= estimate_text_tokens(sent) <= cap, rule
+        assert result.summary == (await env.rt.store.get_meta(SUMMARY_NAMESPACE, GROUP.id) or {})["text"]
+        assert result.summary != old

@@ -49,6 +49,7 @@ from fractions import Fraction
 from types import MappingProxyType
 from typing import Literal
 
+from nonebot_plugin_memsum.agent.prompt import cut_text
 from nonebot_plugin_memsum.compression.budget import Budget
 from nonebot_plugin_memsum.compression.keep import select_kept
 from nonebot_plugin_memsum.compression.parse import ParsedReply
@@ -83,6 +84,8 @@ NONE_SUMMARY = "无"
 """A stand-in summary, to measure the fixed text around one."""
 
 REFUSED_WINDOW = "摘要模型的窗口装不下提示词、已有摘要与输出上限"
+SUMMARY_CUT = "\n…（之前的摘要过长，后面的部分已截去）"
+"""Ends an existing summary cut to the summary model's physical cap (`_summary_within_cap`)."""
 EMPTY_SUMMARY = "摘要为空"
 
 
@@ -232,6 +235,9 @@ class ChunkPlan:
             template, budget, rule, 0, summary_window, system, todo_text, est, (), (), existing_summary
         )
         cap = plan._start_capacity()
+        if rule == "spec" or cap < MIN_CAPACITY:
+            plan = plan._summary_within_cap()
+            cap = plan._start_capacity()
         if cap < MIN_CAPACITY:
             raise CompressionError(REFUSED_WINDOW)  # R-FAIL-2
         plan = replace(plan, capacity=cap)
@@ -246,12 +252,25 @@ class ChunkPlan:
         For a provider that answered a measured request with "context too long": its
         tokenizer counts far more than the estimate and the margin allow.
         """
-        plan = replace(self, rule="spec")
+        plan = replace(self, rule="spec")._summary_within_cap()
         cap = plan._start_capacity()
         if cap < MIN_CAPACITY:
             raise CompressionError(REFUSED_WINDOW)  # R-FAIL-2
         plan = replace(plan, capacity=cap)
         return replace(plan, queue=plan._split_all(self.queue, cap // 2))
+
+    def _summary_within_cap(self) -> ChunkPlan:
+        """The existing summary cut to the physical cap when it is longer (R-RUN-9 counts it as
+        at most that much): one written by a model of a larger cap (the owner changed models)
+        would make every request too big, and the session would never compress again. The
+        measured rule cuts only when the summary would not fit as it is."""
+        cap = math.floor(self.budget.physical_cap)
+        if self.est.text(self.summary) <= cap:
+            return self
+        mark = SUMMARY_CUT if self.est.text(SUMMARY_CUT) < cap else ""  # a cap of a few tokens
+        head = cut_text(self.summary, cap - self.est.text(mark), self.est.text)
+        warning = f"the existing summary is longer than the summary model's physical cap ({cap}): cut to it"
+        return replace(self, summary=head + mark, warnings=(*self.warnings, warning))
 
     def _start_capacity(self) -> int:
         fixed_text = _user_message("", "", self.todos)  # the longest form: every request fits
