@@ -1133,12 +1133,14 @@ class Store:
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
         known = self._sessions.get(session_id)
-        if known is not None:
+        if known is not None and not self.shared:  # shared: another process may have deleted it
             return known
         async with self._statement() as tx:
             stored = await tx.get_session(session_id)
         if stored is not None:
             self._sessions[session_id] = stored
+        else:
+            self._sessions.pop(session_id, None)
         return stored
 
     async def append(self, session_id: str, msg: Message, fence: int | None = None) -> Message:
