@@ -414,6 +414,53 @@ def _said(n: int) -> Message:
     return Message(role="user", content=f"[阿明(20001)] 第{n}句：周末去爬山吗", name="20001", addressed=True)
 
 
+async def test_a_clear_in_one_bot_process_forgets_the_usage_another_process_measured(
+    pg_url: str, make: Make, fake_clock: list[float]
+) -> None:
+    # Seed 7, step 15: two bot processes on one PostgreSQL; the friend's chat is with process
+    # B, the owner clears it from process A (the web page, /清除). B's turn had failed after its
+    # request snapshot (601 tokens): that figure lived only in B's memory, so A's page showed
+    # the last answered turn's figure meanwhile, and after A's clear B's /摘要 went on showing
+    # 601 for a memory that was gone (SQLite: none, R-MEM-2).
+    a = await runtime_on(make, pg_url, RecallingModels(0))
+    b = await runtime_on(make, pg_url, RecallingModels(0))
+    with using(b.rt):
+        await api.record(FRIEND, _said(1))
+        b.model.chat.append(Reply("好的"))
+        assert await api.run_turn(FRIEND.id, None, ENTRY[FRIEND.id]) == "replied"
+        await api.record(FRIEND, _said(2))
+        b.model.chat.extend([Reply(status=400, error="scripted chat failure")] * 4)
+        assert await api.run_turn(FRIEND.id, None, ENTRY[FRIEND.id]) == "error"
+    measured = (await _status(b.rt, FRIEND.id)).usage
+    assert measured is not None
+    assert (await _status(a.rt, FRIEND.id)).usage == measured  # the snapshot, as SQLite shows it
+    await a.rt.compression.clear(FRIEND.id, "context")
+    assert (await _status(a.rt, FRIEND.id)).usage is None
+    assert (await _status(b.rt, FRIEND.id)).usage is None
+
+
+async def test_a_snapshot_outlives_a_restart_on_sqlite_as_it_is_read_on_postgresql(
+    tmp_path: Path, make: Make, fake_clock: list[float]
+) -> None:
+    # With the snapshot stored on PostgreSQL, SQLite keeps it too: a restart after a failed
+    # turn showed the answered turn before it, where PostgreSQL shows the failed request's.
+    location = tmp_path / "restart.db"
+    bot = Bot(location, [await runtime_on(make, location, RecallingModels(0))], RecallingModels(0))
+    with using(bot.envs[0].rt):
+        await api.record(FRIEND, _said(1))
+        bot.envs[0].model.chat.append(Reply("好的"))
+        assert await api.run_turn(FRIEND.id, None, ENTRY[FRIEND.id]) == "replied"
+        answered = (await api.status(FRIEND.id)).usage
+        await api.record(FRIEND, _said(2))
+        bot.envs[0].model.chat.extend([Reply(status=400, error="scripted chat failure")] * 4)
+        assert await api.run_turn(FRIEND.id, None, ENTRY[FRIEND.id]) == "error"
+    measured = (await _status(bot.envs[0].rt, FRIEND.id)).usage
+    assert measured is not None
+    assert measured != answered
+    await restart(make, bot, 0)
+    assert (await _status(bot.envs[0].rt, FRIEND.id)).usage == measured
+
+
 async def test_a_session_deleted_by_another_bot_process_is_gone_here_too(pg_url: str, make: Make) -> None:
     # Seed 7, step 47: process B knew the friend's session (its record cached), process A
     # deleted it (the web page); B still read the record from its cache, so its page showed

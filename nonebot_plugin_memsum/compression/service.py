@@ -497,18 +497,24 @@ class CompressionService:
 
     # ---- the trigger (R-TRIG) ----------------------------------------------------------
     async def _on_usage(self, event: UsageEvent) -> None:
-        self._latest_usage[event.session_id] = event  # R-TRIG-1: every usage, for the budget
         if event.turn_id is not None:
             self._latest_turn_usage[event.session_id] = event
-            if self.store.shared:  # other processes read it at once (`_usage`)
-                await self.store.put_meta(USAGE_NAMESPACE, event.session_id, asdict(event))
-                return
-            # Kept for a restart (R-BUD-6's line, /摘要), written within a second with every
-            # other session's: no trip to the database per model call (issue 9).
-            self._unsaved_usage[event.session_id] = event
-            if self._usage_timer is None:
-                loop = asyncio.get_running_loop()
-                self._usage_timer = loop.call_later(USAGE_WRITE_DELAY, self._write_usage_soon)
+        await self._keep_usage(event)
+
+    async def _keep_usage(self, event: UsageEvent) -> None:
+        """The session's latest usage, a request's snapshot too (R-TRIG-1: every usage, for
+        the budget; /摘要 shows it): the one stored, so that a clear or a deletion in another
+        process forgets it with the rest, and a restart reads what was read before it."""
+        self._latest_usage[event.session_id] = event
+        if self.store.shared:  # other processes read it at once (`_usage`)
+            await self.store.put_meta(USAGE_NAMESPACE, event.session_id, asdict(event))
+            return
+        # Kept for a restart (R-BUD-6's line, /摘要), written within a second with every
+        # other session's: no trip to the database per model call (issue 9).
+        self._unsaved_usage[event.session_id] = event
+        if self._usage_timer is None:
+            loop = asyncio.get_running_loop()
+            self._usage_timer = loop.call_later(USAGE_WRITE_DELAY, self._write_usage_soon)
 
     def _write_usage_soon(self) -> None:
         self._usage_timer = None
@@ -668,7 +674,7 @@ class CompressionService:
             # The estimate stands in for the usage of the budget too, as a snapshot would
             # (R-TRIG-1): the run it starts, or a /压缩 after it, writes to the line that
             # judged it (R-BUD-1), not to ⅔ of the summary model's cap (R-BUD-6).
-            usage = self._latest_usage[session_id] = UsageEvent(
+            usage = UsageEvent(
                 session_id=session_id,
                 turn_id=None,
                 platform=entry.platform,
@@ -683,6 +689,7 @@ class CompressionService:
                 history_limit=await self.agent.history_limit(session_id, entry),
                 line=int(line) if line is not None and compress_at else None,
             )
+            await self._keep_usage(usage)
             facts = _facts(usage, turn_id="recorded")
             backoff = await self._set_backoff(
                 session_id, (await self._backoff_of(session_id)).on_judged_turn()
@@ -1149,9 +1156,8 @@ class CompressionService:
     # ---- what survives a restart ------------------------------------------------------------
     async def _usage(self, session_id: str) -> UsageEvent | None:
         """The latest usage: this process's, else the one stored before a restart; with
-        other processes on the database (store.shared), the stored one (the latest turn
-        may have been another process's), unless this process's latest is a snapshot taken
-        after its own stored turn (only turn usages are stored)."""
+        other processes on the database (store.shared), the stored one: the latest request
+        may have been another process's, and a clear there forgot this process's."""
         usage = None if self.store.shared else self._latest_usage.get(session_id)
         if usage is None:
             stored = await self.store.get_meta(USAGE_NAMESPACE, session_id)
@@ -1159,19 +1165,7 @@ class CompressionService:
                 usage = UsageEvent(**stored) if stored else None
             except TypeError:  # written by a version with other fields: no usage then
                 usage = None
-            mine = self._latest_usage.get(session_id)
-            own_turn = self._latest_turn_usage.get(session_id)
-            if usage is None or (
-                # This process's latest usage is a snapshot no turn usage followed (a turn
-                # that failed after it, a 仅记录 place's judgement: only turn usages are
-                # stored), and no other process's turn was stored since its own last one:
-                # it is the latest, as on SQLite.
-                mine is not None
-                and mine.turn_id is None
-                and (own_turn is None or own_turn.turn_id == usage.turn_id)
-            ):
-                usage = mine
-            else:
+            if usage is not None:
                 usage = self._as_configured(usage)
                 if not self.store.shared:
                     self._latest_usage.setdefault(session_id, usage)
