@@ -32,6 +32,7 @@ from nonebot_plugin_memsum.runtime import Runtime
 from nonebot_plugin_memsum.types import QUOTE_OF_KEY, Message
 from nonebot_plugin_memsum.web.app import create_app
 from tests.fakes.llm_server import Reply
+from tests.fakes.seeds import seeds
 from tests.fakes.service import Env, Make, settle
 from tests.test_audit12_dp import (
     CHILD,
@@ -402,6 +403,22 @@ def fake_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     now = [T0]
     monkeypatch.setattr(clock, "now", lambda: now[0])
     return now
+
+
+@pytest.mark.parametrize("seed", seeds([7, 23], [101, 202, 303]))
+async def test_the_same_random_sequence_reads_the_same_on_sqlite_and_on_postgresql_shared_by_two_bots(
+    pg_url: str, make: Make, tmp_path: Path, fake_clock: list[float], seed: int
+) -> None:
+    left = await bot_on(make, seed, tmp_path / "pg17.db", 1)
+    right = await bot_on(make, seed, pg_url, 2)
+    tally: dict[str, int] = {}
+    for i, step in enumerate(steps(seed, 48)):
+        await compare_step(i, step, left, right, fake_clock, make, tally)
+    # Every seed withdraws; 7 and 23 (every run's) a message a stored recall result shows.
+    withdrawals = tally.get("withdraw", 0) + tally.get("withdraw of a recall result", 0)
+    assert withdrawals >= 2, sorted(tally.items())
+    assert tally.get("withdraw of a recall result", 0) >= 1 or seed not in (7, 23), sorted(tally.items())
+    assert tally.get("turn read recall", 0) >= 1, sorted(tally.items())
 
 
 # ---- regressions the driver found, shrunk -----------------------------------------------------
