@@ -60,7 +60,7 @@ from nonebot_plugin_memsum.compression.templates import (
     summary_part_overhead,
     system_prompt,
 )
-from nonebot_plugin_memsum.compression.units import Estimators, Part, Unit, number_units
+from nonebot_plugin_memsum.compression.units import Estimators, Heads, Part, Unit, number_units
 from nonebot_plugin_memsum.errors import CompressionError
 from nonebot_plugin_memsum.llm.tokens import MESSAGE_OVERHEAD, REQUEST_OVERHEAD
 
@@ -314,12 +314,26 @@ class ChunkPlan:
         line or sentence end where one exists (issue 9: never mid-word when avoidable)."""
         if self._size(part) <= size:
             return [part]
+        # A later piece opens with whose words it goes on with (a member's long message cut in
+        # two put its second half in the summariser's request under no one's name).
+        heads = Heads.of(part.text)
         if self.rule == "spec":
-            texts = split_text(part.text, lambda t: len(t) <= size, size)
-            return [Part(part.unit, None, part.cost, t, self.est.text(t)) for t in texts]
-        per_token = len(part.text) / max(1, self.est.text(part.text))
-        texts = split_text(part.text, lambda t: self.est.text(t) <= size, max(1, int(size * per_token)))
-        return [Part(part.unit, None, part.cost, t, self.est.text(t)) for t in texts]
+            room = len(heads.longest)
+            room = room if 2 * room <= size else 0  # a window that small: pieces without heads
+            texts = split_text(part.text, lambda t: len(t) + room <= size, size - room)
+        else:
+            room = self.est.text(heads.longest) + 1 if heads.longest else 0
+            room = room if 2 * room <= size else 0
+            per_token = len(part.text) / max(1, self.est.text(part.text))
+            guess = max(1, int((size - room) * per_token))
+            texts = split_text(part.text, lambda t: self.est.text(t) + room <= size, guess)
+        pieces: list[Part] = []
+        start = 0
+        for t in texts:
+            text = (heads.continued(part.text, start) if room else "") + t
+            pieces.append(Part(part.unit, None, part.cost, text, self.est.text(text)))
+            start += len(t)
+        return pieces
 
     @property
     def done(self) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -176,6 +177,41 @@ def render_message(m: Message, tool_names: Mapping[str, str]) -> str:
     if m.role == "notice":
         return f"通知: {indent_continuation(shown_content(m)[:CUT])}"
     return indent_continuation(shown_content(m))
+
+
+# A record's first line, at the margin, and the head that says whose it is (`render_message`):
+# a member's label, the assistant's, a tool result's or a notice's prefix; none for the rest.
+_RECORD = re.compile(r"^(?=\S)(\[[^\[\]\n]*\(\d+\)\] |助手: |工具结果\([^)\n]*\): |通知: )?", re.M)
+CONTINUED = "（接上文）"
+
+
+@dataclass(frozen=True, slots=True)
+class Heads:
+    """Where each record of a unit's text starts, and its head (R-RUN-10 cuts a long unit in pieces)."""
+
+    starts: tuple[int, ...]
+    heads: tuple[str, ...]
+
+    @classmethod
+    def of(cls, text: str) -> Heads:
+        found = [(m.start(), m.group(1) or "") for m in _RECORD.finditer(text)]
+        return cls(tuple(s for s, _ in found), tuple(h for _, h in found))
+
+    @property
+    def longest(self) -> str:
+        """The most a piece's head can add (`continued`)."""
+        head = max(self.heads, key=len, default="")
+        return f"{head}{CONTINUED}\n" if head else ""
+
+    def continued(self, text: str, start: int) -> str:
+        """What the piece `text[start:]` opens with: the head of the record it goes on with and
+        「（接上文）」, so a piece read alone (or after a blank line) still says whose words these
+        are; nothing when it starts a record of its own."""
+        i = bisect_right(self.starts, start) - 1
+        if i < 0 or self.starts[i] == start or not self.heads[i]:
+            return ""
+        indented = text[start : start + 1].isspace()  # it starts on a line under the record
+        return self.heads[i] + CONTINUED + ("\n" if indented else "")
 
 
 def render_unit(messages: Sequence[Message], tool_names: Mapping[str, str]) -> str:
