@@ -463,7 +463,7 @@ async def drive(tmp_path: Path, llm: ScriptedLLM, seed: int, steps: int) -> Driv
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("seed", seeds([1, 2], [3, 4, 5, 6]))
+@pytest.mark.parametrize("seed", seeds([1, 2], [3, 4, 5, 6, 20]))
 async def test_every_token_reads_as_said_by_who_said_it_random(
     tmp_path: Path, llm: ScriptedLLM, seed: int
 ) -> None:
@@ -514,3 +514,58 @@ def test_every_piece_of_a_long_message_in_a_summary_request_names_its_speaker(ru
     # Nothing lost: without the heads the pieces are the unit's text.
     body = "".join(re.sub(r"^\[甲\(20004\)\] （接上文）\n?", "", p.text) for p in pieces[1:])
     assert pieces[0].text + body == units[0].text
+
+
+@pytest.mark.e2e
+async def test_a_recall_answer_sent_as_bot_py_is_killed_is_not_stored_as_the_bots_words(
+    tmp_path: Path, llm: ScriptedLLM
+) -> None:
+    """Seed 20 of the driver (not among its seeds): bot.py was killed right after /回忆's answer
+    went out, before the note that it was the plugin's own send (written once the send's
+    response came). The backfill after the restart took the answer for what the account said
+    and stored it as the bot's words: the model read a member's line in the bot's mouth, and
+    `recall` showed that member's token under [助手]. The note is now written as the answer goes
+    out."""
+    group = 94002
+    sid = group_sid(group)
+    with responding(llm):
+        llm.on_request(lambda body: Reply("答：好的"))
+        async with running_bot(tmp_path / "bot", env(llm)) as (bot, sim):
+            await sim.group_message(group, 20001, "tk8001 提取码 k2v9", nickname="甲")
+            await until(lambda: _has(bot, sid, "tk8001"), "tk8001 stored")
+            send, out = sim.responders["send_msg"], asyncio.Event()
+
+            async def sent_then_killed(params: dict[str, Any]) -> Any:
+                data = send(params)  # in the group's history now
+                out.set()
+                await asyncio.sleep(60)  # the kill comes first
+                return data
+
+            sim.responders["send_msg"] = sent_then_killed
+            await sim.group_message(group, OWNER, "/回忆 tk8001", nickname="主人")
+            await asyncio.wait_for(out.wait(), 30)
+            answer = max(i for i, m in sim.messages.items() if m.sender.get("user_id") == SELF_ID)
+            assert "[甲(20001)] tk8001" in plain_text(sim.messages[answer].message)
+            noted = "SELECT value FROM metadata WHERE namespace = 'memsum_sent' AND key = ?"
+            await until(lambda: _holds(query(bot.db_path, noted, sid), "tk8001"), "the answer noted")
+            await bot.kill()
+            sim.responders["send_msg"] = send
+            await asyncio.wait_for(sim.disconnected.wait(), 15)
+            await sim.close()
+            await bot.start()
+            await sim.connect()
+            await wait_log(bot, f"Bot {SELF_ID} connected")
+            # The backfill stores what it fetched before a live message.
+            await sim.group_message(group, 20002, "tk8002 后来的", nickname="乙")
+            await until(lambda: _has(bot, sid, "tk8002"), "tk8002 stored")
+            rows = await query(bot.db_path, "SELECT role, content FROM messages WHERE session_id = ?", sid)
+            assert [r for r in rows if r[0] == "assistant"] == []
+
+
+async def _has(bot: BotProcess, sid: str, word: str) -> bool:
+    sql = "SELECT 1 FROM messages WHERE session_id = ? AND content LIKE ?"
+    return bool(await query(bot.db_path, sql, sid, f"%{word}%"))
+
+
+async def _holds(rows: Any, word: str) -> bool:
+    return any(word in str(r[0]) for r in await rows)

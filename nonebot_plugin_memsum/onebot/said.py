@@ -125,7 +125,13 @@ async def _calling(bot: BaseBot, api: str, data: dict[str, Any]) -> None:
     if (target := _target(bot.self_id, api, data)) is not None:
         text = echo_text(_message(api, data))
         with _started:
-            runtime.get().onebot.own_sends.expect(_session(bot.self_id, target), text)
+            rt, sid = runtime.get(), _session(bot.self_id, target)
+            rt.onebot.own_sends.expect(sid, text)
+            if OWN_SEND.get():
+                # Noted before it goes out, not once its response came: bot.py killed in between
+                # left the backfill to store it as what the account said (a /回忆 answer read on
+                # as the bot's own words, members' lines and all). The id follows (`_called`).
+                await _remember_sent(sid, text, None)
 
 
 async def _called(
@@ -146,7 +152,7 @@ async def _called(
             return
         message_id = sent_id(result) if exception is None else None
         rt.onebot.own_sends.sent(sid, echo_text(message), message_id)
-        if OWN_SEND.get() or message_id is None:
+        if (OWN_SEND.get() and message_id is not None) or (message_id is None and not OWN_SEND.get()):
             # What the backfill must not take for the account's own words, after a restart too.
             _in_background(rt, _remember_sent(sid, echo_text(message), message_id), f"memsum-sent-{sid}")
         if OWN_SEND.get():
@@ -178,14 +184,24 @@ async def _remember_sent(session_id: str, text: str, message_id: str | None) -> 
     rt = runtime.get()
     since = clock.now() - rt.config.memsum_backfill_hours * 3600
     mine = [e for e in rt.onebot.sent.get(session_id, []) if e[2] >= since]
+    if message_id is not None:
+        mine = _named(mine, text)
     mine = rt.onebot.sent[session_id] = [*mine, [text, message_id, clock.now()]][-SENT_KEPT:]
     try:
         async with rt.onebot.recording.hold(f"sent:{session_id}"):
             kept = await rt.store.get_meta(SENT_NAMESPACE, session_id) or []
-            kept = _merged([e for e in kept if isinstance(e, list) and len(e) == 3 and e[2] >= since], mine)
+            kept = [e for e in kept if isinstance(e, list) and len(e) == 3 and e[2] >= since]
+            kept = _merged(_named(kept, text) if message_id is not None else kept, mine)
             await rt.store.put_meta(SENT_NAMESPACE, session_id, kept[-SENT_KEPT:])
     except StoreError as err:  # kept in memory: this process's backfill still knows it
         logger.debug(f"memsum: a send of {session_id} not noted: {err}")
+
+
+def _named(entries: list[Any], text: str) -> list[Any]:
+    """`entries` without the earliest id-less note of `text`: the one `_calling` wrote as it went
+    out, which the note with its id now stands for."""
+    i = next((i for i, e in enumerate(entries) if e[0] == text and e[1] is None), None)
+    return entries if i is None else [*entries[:i], *entries[i + 1 :]]
 
 
 def _merged(*lists: list[Any]) -> list[Any]:
