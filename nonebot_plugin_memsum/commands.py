@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, tzinfo
 from typing import Literal
 
-from nonebot import on_message
+from nonebot import get_driver, on_message
 from nonebot.adapters.onebot.v11 import Bot, GroupMessageEvent, MessageEvent
 from nonebot.adapters.onebot.v11 import Message as OBMessage
 from nonebot.consts import CMD_ARG_KEY, CMD_KEY, CMD_WHITESPACE_KEY, PREFIX_KEY
@@ -26,7 +26,7 @@ from nonebot.log import logger
 from nonebot.matcher import Matcher
 from nonebot.params import CommandArg
 from nonebot.permission import Permission
-from nonebot.rule import Rule, command
+from nonebot.rule import TRIE_VALUE, Rule, TrieRule, command
 from nonebot.typing import T_State
 
 from . import clock, onebot, runtime, usage
@@ -645,10 +645,28 @@ async def _handle(
     await matcher.finish()
 
 
+_FULL_WIDTH = {code: code + 0xFEE0 for code in range(0x21, 0x7F)}
+
+
+def command_starts(configured: Iterable[str]) -> tuple[str, ...]:
+    """COMMAND_START and each start's full-width form: a Chinese keyboard in full-width mode
+    (many phones' default) types 「／压缩」, which the owner means as `/压缩`."""
+    starts = list(configured)
+    for start in list(starts):
+        if (wide := start.translate(_FULL_WIDTH)) not in starts:
+            starts.append(wide)
+    return tuple(starts)
+
+
 def register_commands(config: Config) -> Claim:
     """Declare the commands' matcher; it blocks, above the recording matcher's priority.
     The fast path (`onebot/fastpath.py`) leaves to NoneBot what its rule takes."""
     command(*COMMAND_NAMES)  # registers the names with NoneBot's command parser (state[PREFIX_KEY])
+    configured = get_driver().config.command_start
+    for start in command_starts(configured):
+        if start not in configured:  # as `command` registers a name under each configured start
+            for name in COMMAND_NAMES:
+                TrieRule.add_prefix(f"{start}{name}", TRIE_VALUE(start, (name,)))
     matcher = on_message(rule=Rule(_chosen), priority=config.memsum_command_priority, block=True)
     matcher.handle()(_handle)
     return Claim(matcher, _chosen)

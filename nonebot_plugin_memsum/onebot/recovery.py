@@ -465,14 +465,14 @@ async def _record_fetched(
     the bot account is stored as the bot's own words (the owner typing on it while bot.py was
     down), as said.py stores a live one, unless it went out through this process's Bot
     (`sent`: the plugin's own sends, command output and notices too; those without an id)."""
-    from nonebot_plugin_memsum.commands import COMMAND_NAMES  # commands import this package
+    from nonebot_plugin_memsum.commands import COMMAND_NAMES, command_starts  # they import this package
 
     from .record import drop_foreign_quote, fill_forgotten_quote, record_message, record_of
     from .said import IN_PARTS, echo_text, name_fetched_answer, sent_here_match
 
     if is_empty(event.original_message) and event.reply is None:
         return None  # nothing said
-    if is_command(event, get_driver().config.command_start, COMMAND_NAMES):
+    if is_command(event, command_starts(get_driver().config.command_start), COMMAND_NAMES):
         return None
     if str(event.user_id) == bot.self_id:
         if is_empty(event.original_message):
