@@ -22,6 +22,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -42,6 +43,22 @@ DEFAULT_PERSONA = (
     "如果这条消息不需要你回答，只回复 [不回复]。"
     "更早的聊天记录（包括摘要里没写的细节）可以用 recall 工具按关键词查原文。"
 )
+
+
+_NUMBERS = (int, float, int | None, float | None)
+_TEXTS = (str, str | None, SecretStr, Path | None)
+
+
+def as_written(model: type[BaseModel], value: object, info: ValidationInfo) -> object:
+    """A value as the owner wrote it in `.env`: NoneBot decodes each value as JSON first, so a
+    web token of digits arrives as a number (its text again: a JSON integer is exact), and
+    `true` for a number would pass as 1 (a cap of one token a day) and `false` as 0."""
+    kind = model.model_fields[info.field_name or ""].annotation
+    if isinstance(value, bool) and kind in _NUMBERS:
+        raise ValueError(f"{str(value).lower()} is a yes or no, not a number")
+    if type(value) is int and kind in _TEXTS:
+        return str(value)
+    return value
 
 
 class ModelConfig(BaseModel):
@@ -137,6 +154,8 @@ class Tier(BaseModel):
     persona: str | None = Field(default=None, min_length=1, max_length=PERSONA_MAX)
     daily_token_cap: int | None = Field(default=None, ge=0)
 
+    _as_written = field_validator("*", mode="before")(classmethod(as_written))
+
 
 class Config(BaseModel):
     """Plugin configuration (NoneBot reads it from `.env`, case-insensitive)."""
@@ -214,6 +233,8 @@ class Config(BaseModel):
     """Matcher priority of recording and chat."""
     memsum_web_token: SecretStr = SecretStr("")
     """The owner's sign-in token of the web page at /memsum/; empty turns the page off."""
+
+    _as_written = field_validator("*", mode="before")(classmethod(as_written))
 
     @field_validator("memsum_web_token")
     @classmethod

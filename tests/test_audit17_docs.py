@@ -3,10 +3,15 @@ the `.env` keys as owners write them, and what the quick start prints."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from nonebot.config import Config as NoneBotConfig
 from nonebug import App
+from pydantic import SecretStr
 
 from nonebot_plugin_memsum.commands import COMMAND_NAMES, command_starts
+from nonebot_plugin_memsum.config import Config, ConfigError, parse_config
 from nonebot_plugin_memsum.onebot import group_record, private_record
 from nonebot_plugin_memsum.onebot.recovery import is_command
 from tests.fakes.commands import EMPTY_STATUS
@@ -73,3 +78,46 @@ def test_fetched_history_skips_a_full_width_command_too() -> None:
     assert not is_command(group_msg("／压缩包怎么解压", 1), starts, COMMAND_NAMES)
     assert command_starts(["/", "／"]) == ("/", "／")
     assert command_starts([""]) == ("",)
+
+
+# ---- .env values as owners write them ------------------------------------------------
+def read_env(tmp_path: Path, line: str) -> Config:
+    """One `.env` line read as NoneBot reads it (python-dotenv, then each value of a key it
+    does not know decoded as JSON when it can be), then validated as the plugin does."""
+    env = tmp_path / ".env"
+    env.write_text(f"{line}\n", "utf-8")
+    return parse_config(NoneBotConfig(_env_file=str(env)).model_dump())
+
+
+@pytest.mark.parametrize(
+    ("line", "key", "value"),
+    [
+        # The README asks for at least 16 characters; `secrets.token_hex` or a typed run of
+        # digits is a number to NoneBot's JSON decoding.
+        ("MEMSUM_WEB_TOKEN=12345678901234567890", "memsum_web_token", "12345678901234567890"),
+        ("MEMSUM_ERROR_REPLY=404", "memsum_error_reply", "404"),
+        ("MEMSUM_PERSONA=42", "memsum_persona", "42"),
+    ],
+)
+def test_a_text_key_written_as_digits_is_that_text(tmp_path: Path, line: str, key: str, value: str) -> None:
+    got = getattr(read_env(tmp_path, line), key)
+    assert (got.get_secret_value() if isinstance(got, SecretStr) else got) == value
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # `true` for a cap read as 1 token a day, `false` for the line as 0 (compression off).
+        "MEMSUM_DAILY_TOKEN_CAP=true",
+        "MEMSUM_COMPRESS_AT=false",
+        "MEMSUM_HISTORY_LIMIT=true",
+        "MEMSUM_USER_COOLDOWN=true",
+        'MEMSUM_TIERS={"onebot.group": {"daily_token_cap": true}}',
+    ],
+)
+def test_yes_or_no_for_a_number_stops_start_up_naming_the_key(tmp_path: Path, line: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        read_env(tmp_path, line)
+    key = line.split("=", 1)[0]
+    assert str(refused.value).startswith(f"invalid {key}")
+    assert "a number" in str(refused.value)
