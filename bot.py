@@ -130,8 +130,9 @@ def _log_to_stdout(level: int | str) -> int:
     return logger.add(sys.stdout, level=level, diagnose=False, filter=_log_filter, format=default_format)
 
 
-# NoneBot's own keys that hold a JSON list: the form to show an owner who wrote one wrong.
-_LIST_KEYS = {
+# NoneBot's own keys owners edit (most hold a JSON list): the form to show one who wrote it wrong.
+_FORMS = {
+    "driver": "DRIVER=~fastapi (or ~fastapi+~websockets, ~fastapi+~httpx: README 其他连接方式)",
     "superusers": 'SUPERUSERS=["10001", "10002"] (QQ numbers in double quotes)',
     "nickname": 'NICKNAME=["小记"]',
     "command_start": 'COMMAND_START=["/"]',
@@ -141,8 +142,8 @@ _LIST_KEYS = {
 
 def _init_refused(err: Exception) -> str:
     """One line naming the `.env` key NoneBot's own settings refused (SUPERUSERS written
-    `[10001]`, a list with a full-width comma, a PORT that is no number) instead of
-    pydantic's stack: never the value itself (R-CFG-1)."""
+    `[10001]`, a list with a full-width comma, a PORT that is no number, a DRIVER it cannot
+    import) instead of the stack: never a setting's value (R-CFG-1), only DRIVER's."""
     if isinstance(err, SettingsError):
         found = re.search(r'env var "([^"]+)"', str(err))
         key = found.group(1) if found else "?"
@@ -152,8 +153,10 @@ def _init_refused(err: Exception) -> str:
         key = str(first["loc"][0]) if first["loc"] else "?"
         why = first["msg"] + "".join(f" (item {p})" for p in first["loc"][1:2])
     else:
-        key, why = "?", type(err).__name__
-    example = _LIST_KEYS.get(key.lower())
+        # NoneBot resolving DRIVER (its only step after the settings): `fastapi` without the
+        # `~`, a space for the `+`, a driver whose package is not installed.
+        key, why = "DRIVER", f"{type(err).__name__}: {err}"
+    example = _FORMS.get(key.lower())
     hint = f"; write it like {example}" if example else ""
     return f"bot.py: invalid {key.upper()} in .env: {why}{hint}"
 
@@ -170,7 +173,7 @@ if not Path(".env").is_file():
     )
 try:
     nonebot.init()
-except (SettingsError, ValidationError) as refused:
+except (ValueError, ImportError, AttributeError) as refused:  # SettingsError, ValidationError too
     logger.opt(colors=False).critical(_init_refused(refused))
     sys.exit(2)
 # At the configured level, not 0: below every handler's level loguru returns before it

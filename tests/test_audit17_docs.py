@@ -14,6 +14,7 @@ from nonebot_plugin_memsum.commands import COMMAND_NAMES, command_starts
 from nonebot_plugin_memsum.config import Config, ConfigError, parse_config
 from nonebot_plugin_memsum.onebot import group_record, private_record
 from nonebot_plugin_memsum.onebot.recovery import is_command
+from tests.fakes.botproc import BotExitedError, BotProcess
 from tests.fakes.commands import EMPTY_STATUS
 from tests.fakes.nonebug import (
     SELF_ID,
@@ -121,3 +122,28 @@ def test_yes_or_no_for_a_number_stops_start_up_naming_the_key(tmp_path: Path, li
     key = line.split("=", 1)[0]
     assert str(refused.value).startswith(f"invalid {key}")
     assert "a number" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "driver",
+    [
+        "fastapi",  # the `~` forgotten
+        "~fastapi+websockets",
+        "~fastapi ~websockets",  # a space for the `+`
+        "~fastapi+~aiohttp",  # a client driver that is not installed
+        "",
+    ],
+)
+async def test_a_wrong_driver_stops_bot_py_with_one_line_naming_driver(tmp_path: Path, driver: str) -> None:
+    # README 其他连接方式 has owners edit DRIVER; NoneBot's resolver raised a traceback ending
+    # in "module 'fastapi' has no attribute 'Driver'" or "Empty module name".
+    bot = BotProcess(tmp_path, env={"DRIVER": driver}, log_level="INFO")
+    with pytest.raises(BotExitedError) as exited:
+        await bot.start()
+    log = exited.value.log
+    assert exited.value.returncode == 2, log
+    assert "Traceback" not in log, log
+    said = [line for line in log.splitlines() if "CRITICAL" in line]
+    assert len(said) == 1, log
+    assert "bot.py: invalid DRIVER in .env" in said[0]
+    assert "DRIVER=~fastapi" in said[0]  # the form to write
