@@ -273,6 +273,24 @@ def _route_path(scope: dict[str, Any]) -> str:
     return path
 
 
+def _where_to_connect() -> None:
+    """The address README 快速开始 has owners give NapCat: uvicorn's own line names only
+    http://host:port, which an implementation's reverse WebSocket does not connect to."""
+    driver = nonebot.get_driver()
+    if not isinstance(driver, ASGIMixin):
+        return  # no server: forward WebSocket or HTTP only
+    url = page_url(str(driver.config.host), driver.config.port, "/onebot/v11/ws", "ws")
+    token = (nonebot.get_plugin_config(OneBotV11Config).onebot_access_token or "").strip()
+    logger.info(
+        f"bot.py: point the OneBot implementation's reverse WebSocket (NapCat, Lagrange, LLOneBot) at {url}"
+        + (
+            "; token: the one in ONEBOT_ACCESS_TOKEN"
+            if token
+            else "; no token (none set in ONEBOT_ACCESS_TOKEN)"
+        )
+    )
+
+
 def _guard_http_events() -> None:
     onebot = nonebot.get_plugin_config(OneBotV11Config)
     token = (onebot.onebot_access_token or "").strip()
@@ -297,6 +315,9 @@ if nonebot.get_plugin("nonebot_plugin_memsum") is None:
     nonebot.load_plugin("nonebot_plugin_memsum")
 
 from nonebot_plugin_memsum.gcpolicy import GcPolicy  # once loaded as a plugin, not before
+from nonebot_plugin_memsum.web import page_url
+
+_where_to_connect()
 
 _gc_policy = GcPolicy()
 

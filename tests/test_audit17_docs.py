@@ -147,3 +147,16 @@ async def test_a_wrong_driver_stops_bot_py_with_one_line_naming_driver(tmp_path:
     assert len(said) == 1, log
     assert "bot.py: invalid DRIVER in .env" in said[0]
     assert "DRIVER=~fastapi" in said[0]  # the form to write
+
+
+# ---- the quick start -----------------------------------------------------------------
+async def test_bot_py_says_where_to_point_the_reverse_websocket(tmp_path: Path) -> None:
+    # README 快速开始: "then point the reverse WebSocket at ws://127.0.0.1:8080/onebot/v11/ws".
+    # uvicorn's line names only http://127.0.0.1:8080, which NapCat does not connect to.
+    async with BotProcess(tmp_path, log_level="INFO") as bot:
+        log = bot.log()
+    said = [line for line in log.splitlines() if "/onebot/v11/ws" in line]
+    assert len(said) == 1, log
+    assert f"ws://127.0.0.1:{bot.port}/onebot/v11/ws" in said[0]
+    assert "ONEBOT_ACCESS_TOKEN" in said[0]
+    assert "test-token" not in log

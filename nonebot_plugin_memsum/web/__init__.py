@@ -45,16 +45,16 @@ def mount(driver: Driver, config: Config) -> None:
         logger.info(message)
 
 
-def page_url(host: str, port: int) -> str:
-    """The link the start-up line gives the owner. A bot bound to every address (HOST=0.0.0.0
-    or ::, so that a phone on the home network reaches it) is opened at 127.0.0.1 on its own
-    machine and at the machine's address from others: http://0.0.0.0:… is no address to open
-    (Chromium refuses it)."""
+def page_url(host: str, port: int, path: str = f"{PREFIX}/", scheme: str = "http") -> str:
+    """The link a start-up line gives the owner (the page's, bot.py's reverse WebSocket). A bot
+    bound to every address (HOST=0.0.0.0 or ::, so that a phone on the home network reaches it)
+    is opened at 127.0.0.1 on its own machine and at the machine's address from others:
+    http://0.0.0.0:… is no address to open (Chromium refuses it)."""
     if host in ("0.0.0.0", "::"):
-        return f"http://127.0.0.1:{port}{PREFIX}/ (HOST={host}: from another device, this machine's address)"
+        return f"{scheme}://127.0.0.1:{port}{path} (HOST={host}: from another device, this machine's address)"
     if ":" in host:
         host = f"[{host}]"  # an IPv6 address in a URL
-    return f"http://{host}:{port}{PREFIX}/"
+    return f"{scheme}://{host}:{port}{path}"
 
 
 class _NoQueryInAccessLog(logging.Filter):
