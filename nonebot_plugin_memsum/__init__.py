@@ -12,6 +12,7 @@ from .config import (
     Config,
     ConfigError,
     environment_only_keys,
+    example_key_problems,
     parse_config,
     superuser_problems,
     unknown_keys,
@@ -63,6 +64,7 @@ if not _run_as_tool():
         unknown_keys(raw_config)
         + environment_only_keys(os.environ, raw_config)
         + superuser_problems(get_driver().config.superusers)
+        + example_key_problems(plugin_config)
     ):
         logger.warning(f"nonebot-plugin-memsum: {line}")
 

@@ -397,6 +397,21 @@ def superuser_problems(superusers: Iterable[str]) -> list[str]:
     ]
 
 
+EXAMPLE_API_KEY = "sk-your-key"
+"""The placeholder `.env.example` ships in MEMSUM_MODELS."""
+
+
+def example_key_problems(config: Config) -> list[str]:
+    """One line for each model still holding `.env.example`'s placeholder key: the bot starts,
+    and then every question fails with the provider's 401, far from where the fix is."""
+    return [
+        f"MEMSUM_MODELS: {m.id} still has the example api_key of .env.example: every request will"
+        " be refused; write your own key (or api_key_env)"
+        for m in config.memsum_models
+        if m.api_key.get_secret_value() == EXAMPLE_API_KEY
+    ]
+
+
 def parse_config(raw: dict[str, Any]) -> Config:
     """Validate `raw` (NoneBot's merged config) or raise ConfigError with one clear line."""
     try:

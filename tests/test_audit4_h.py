@@ -118,7 +118,9 @@ class _ExampleBot(BotProcess):
         (self.workdir / ".env").write_text(text, encoding="utf-8")
 
 
-async def test_the_shipped_env_example_starts_and_never_prints_its_placeholder_key(tmp_path: Path) -> None:
+async def test_the_shipped_env_example_starts_warns_of_and_never_prints_its_placeholder_key(
+    tmp_path: Path,
+) -> None:
     bot = _ExampleBot(tmp_path)
     try:
         await bot.start()
@@ -129,6 +131,9 @@ async def test_the_shipped_env_example_starts_and_never_prints_its_placeholder_k
     assert "Application startup complete" in log
     assert "Traceback" not in log
     assert "sk-your-key" not in log
+    # Audit 17: started as the quick start leaves it, it says the key is still the example's
+    # (every question then failed with the provider's 401, with no word at start-up).
+    assert "deepseek/deepseek-chat still has the example api_key of .env.example" in log
 
 
 # ---- Numbers that are not numbers ----------------------------------------------------------------
