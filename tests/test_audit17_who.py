@@ -196,9 +196,11 @@ class Model:
 
 # ---- the driver -------------------------------------------------------------------------
 def sent_text(c: ApiCall) -> str:
-    """What a send says; a forward's nodes are pieces of one text, joined as they are."""
+    """What a send says; a forward's nodes hold whole lines of one text, and a node starting
+    with no speaker of its own goes on with the line before (one longer than a node)."""
     if nodes := c.params.get("messages"):
-        return "".join(plain_text(n["data"]["content"]) for n in nodes if n.get("type") == "node")
+        texts = [plain_text(n["data"]["content"]) for n in nodes if n.get("type") == "node"]
+        return "".join(t if i == 0 or line_owner(t) is None else "\n" + t for i, t in enumerate(texts))
     return plain_text(c.params.get("message") or []).strip()
 
 

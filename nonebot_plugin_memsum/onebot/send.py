@@ -14,6 +14,7 @@ from nonebot.log import logger
 
 from nonebot_plugin_memsum import runtime
 from nonebot_plugin_memsum.agent.turn import ReplyFn, own_send
+from nonebot_plugin_memsum.compression import request
 from nonebot_plugin_memsum.errors import StoreError
 
 from .record import record_of
@@ -130,4 +131,17 @@ async def _reconnected(gone: Bot, within: float) -> bool:
 
 
 def split_text(text: str, size: int) -> list[str]:
-    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
+    """`text` in parts of at most `size` characters, each line whole in one part: a /回忆 result
+    line (its `时间 [昵称(QQ)]` above all) cut over two bubbles reads as two. Only a line longer
+    than a part is cut, where `cut_at` says (a sentence or word end); a part drops the line
+    break it ends at (the next bubble is the next line)."""
+    parts: list[str] = []
+    for line in text.split("\n"):
+        pieces = request.split_text(line, lambda t: len(t) <= size, size) or [""]
+        for i, piece in enumerate(pieces):
+            if parts and len(parts[-1]) + len(piece) <= size:
+                parts[-1] += piece
+            else:
+                parts.append(piece)
+            parts[-1] += "\n" if i == len(pieces) - 1 else ""
+    return [p for part in parts if (p := part.removesuffix("\n"))] or [""]
