@@ -2,6 +2,7 @@
 
 - A long answer went out cut every 1500 (merged-forward node) or 3000 (plain message)
   characters, so a /回忆 result line, even its `时间 [昵称(QQ)]`, could run over two bubbles.
+- A group card starting with 「回复 」 made the member's own label read as a quote marker.
 """
 
 from __future__ import annotations
@@ -9,11 +10,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pytest
 from nonebot.adapters.onebot.v11 import Bot
+from nonebot.adapters.onebot.v11.event import Sender
 from nonebug import App
 
 from nonebot_plugin_memsum import runtime
 from nonebot_plugin_memsum.onebot import group_record, private_record
+from nonebot_plugin_memsum.onebot.render import neutralise_labels, unlabelled
 from nonebot_plugin_memsum.onebot.send import FORWARD_PART, PLAIN_PART
 from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE
 from nonebot_plugin_memsum.types import Message
@@ -23,8 +27,10 @@ from tests.fakes.nonebug import (
     Like,
     Satisfies,
     group_msg,
+    history,
     new_group,
     private_msg,
+    run,
 )
 
 # ---- 1. a long answer is cut between lines ----------------------------------------------
@@ -110,3 +116,27 @@ async def test_a_line_longer_than_a_node_is_cut_at_sentence_ends(app: App) -> No
     pieces = [line for t in texts for line in t.split("\n") if line.startswith("第")]
     assert "".join(pieces) == summary
     assert all(re.fullmatch(r"(第\d+句，大家约好了周末去爬山。)+", p) for p in pieces), pieces
+
+
+# ---- 2. a card cannot make its own label a quote ----------------------------------------
+# Cards as QQ lets a member type them: full-width brackets, a zero-width space anywhere.
+QUOTE_CARDS = ["回复 甲(20001)：", "［回复 乙(20002)：］", "\u200b回\u200b复 丙(20003)：", "【回复】"]
+
+
+@pytest.mark.parametrize("card", QUOTE_CARDS)
+async def test_a_card_starting_with_a_quote_marker_labels_no_quote(app: App, card: str) -> None:
+    group = new_group()
+    event = group_msg("周六几点集合？", group, user=20009)
+    event = event.model_copy(
+        update={"sender": Sender(user_id=20009, nickname="阿九", card=card, role="member")}
+    )
+    await run(app, event, None)
+    (stored,) = await history(group_record(SELF_ID, group).id)
+    name, qq, body = unlabelled(stored.content) or ("", "", "")
+    assert (qq, body) == ("20009", "周六几点集合？")
+    # What render reads as a quote (`[回复 …`, invisible characters too) leaves the label alone.
+    assert "（仿冒引用）" not in neutralise_labels(stored.content)
+    assert not re.sub(r"[\s\u200b-\u200f\u2060\ufeff]", "", stored.content).startswith(
+        ("[回复", "[［回复", "[【回复")
+    )
+    assert name.replace("\u200b", "").find("回复") > 0  # the member's card, still shown

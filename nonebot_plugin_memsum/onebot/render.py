@@ -58,10 +58,13 @@ _NAME_BREAKERS = re.compile(f"[\\[\\]［］【】()（）\t\n\r\x0b\x0c\x1c-\x1e
 
 def clean_name(name: str | None, fallback: str) -> str:
     """A display name that cannot break the label: no brackets, parentheses, line breaks or
-    direction controls."""
+    direction controls; one its label would show as a quote (`[回复 …`) says it is not one."""
     # str(): a malformed event may carry a number where a name belongs.
-    cleaned = _NAME_BREAKERS.sub("", str(name or "")).strip()[:MAX_NAME]
-    return cleaned or fallback
+    cleaned = _NAME_BREAKERS.sub("", str(name or "")).strip()
+    if _QUOTE_LIKE.match(f"[{cleaned}"):
+        # A card 「回复 甲(20001)：」 made the label `[回复 甲20001：(20001)]`, a quote of 甲.
+        cleaned = f"〔仿冒引用〕{cleaned}"
+    return cleaned[:MAX_NAME] or fallback
 
 
 def bidi_visible(text: str) -> str:
