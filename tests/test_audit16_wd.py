@@ -50,7 +50,17 @@ from nonebot_plugin_memsum.llm.tokens import estimate_text_tokens
 from nonebot_plugin_memsum.store import SearchHit, Store
 from nonebot_plugin_memsum.types import QUOTE_OF_KEY, WITHDRAWN_TEXT, Message, ToolCall, shown_content
 from tests.fakes.botproc import BotProcess
-from tests.fakes.e2e import SELF_ID, group_sid, private_sid, query, running_bot, until, wait_log, wait_rows
+from tests.fakes.e2e import (
+    SELF_ID,
+    group_sid,
+    private_sid,
+    query,
+    restart,
+    running_bot,
+    until,
+    wait_log,
+    wait_rows,
+)
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.onebot import FORWARD_ACTIONS, SEND_ACTIONS, ApiCall, OneBotSim, at, plain_text, reply, text
 from tests.fakes.seeds import seeds
@@ -349,12 +359,7 @@ class Driver:
     async def restart(self) -> None:
         how = self.rng.choice(["SIGTERM", "SIGKILL"])
         self.trace.append(f"  {how}")
-        await (self.bot.terminate() if how == "SIGTERM" else self.bot.kill())
-        await asyncio.wait_for(self.sim.disconnected.wait(), 15)
-        await self.sim.close()
-        await self.bot.start()
-        await self.sim.connect()
-        await wait_log(self.bot, f"Bot {SELF_ID} connected")  # the log of this run
+        await restart(self.bot, self.sim, self.bot.terminate if how == "SIGTERM" else self.bot.kill)
         self.count("restart")
 
     # ---- the database -------------------------------------------------------------------------

@@ -45,7 +45,7 @@ from nonebot_plugin_memsum.compression.units import build_units
 from nonebot_plugin_memsum.onebot.render import clean_name
 from tests.fakes.botproc import BotProcess
 from tests.fakes.compression import EST, user
-from tests.fakes.e2e import SELF_ID, group_sid, private_sid, query, running_bot, until, wait_log
+from tests.fakes.e2e import SELF_ID, group_sid, private_sid, query, restart, running_bot, until, wait_log
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.onebot import FORWARD_ACTIONS, SEND_ACTIONS, ApiCall, OneBotSim, at, plain_text, reply, text
 from tests.fakes.seeds import seeds
@@ -382,12 +382,7 @@ class Driver:
     async def restart(self) -> None:
         how = self.rng.choice(["SIGTERM", "SIGKILL"])
         self.trace.append(f"  {how}")
-        await (self.bot.terminate() if how == "SIGTERM" else self.bot.kill())
-        await asyncio.wait_for(self.sim.disconnected.wait(), 15)
-        await self.sim.close()
-        await self.bot.start()
-        await self.sim.connect()
-        await wait_log(self.bot, f"Bot {SELF_ID} connected")
+        await restart(self.bot, self.sim, self.bot.terminate if how == "SIGTERM" else self.bot.kill)
 
     async def stored(self, s: Said) -> bool:
         sql = "SELECT 1 FROM messages WHERE session_id = ? AND platform_id = ?"

@@ -152,7 +152,7 @@ async def _called(
             return
         message_id = sent_id(result) if exception is None else None
         rt.onebot.own_sends.sent(sid, echo_text(message), message_id)
-        if (OWN_SEND.get() and message_id is not None) or (message_id is None and not OWN_SEND.get()):
+        if OWN_SEND.get() == (message_id is not None):  # an own send's id-less note came first
             # What the backfill must not take for the account's own words, after a restart too.
             _in_background(rt, _remember_sent(sid, echo_text(message), message_id), f"memsum-sent-{sid}")
         if OWN_SEND.get():

@@ -78,9 +78,11 @@ async def running_bot(
         yield bot, sim
 
 
-async def restart(bot: BotProcess, sim: OneBotSim) -> None:
-    """Restart bot.py on the same folder and port, and connect the simulator again."""
-    await bot.restart()
+async def restart(bot: BotProcess, sim: OneBotSim, stop: Callable[[], Awaitable[int]] | None = None) -> None:
+    """Restart bot.py on the same folder and port, and connect the simulator again. `stop`: how
+    it goes down (`bot.kill`, `bot.terminate`); SIGINT, as Ctrl-C, by default."""
+    await (stop or bot.stop)()
+    await bot.start()
     await asyncio.wait_for(sim.disconnected.wait(), 15)
     await sim.connect()
     await wait_log(bot, f"Bot {sim.self_id} connected")
