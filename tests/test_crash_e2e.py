@@ -19,7 +19,7 @@ import pytest
 from tests.fakes.botproc import BotProcess
 from tests.fakes.e2e import SELF_ID, group_sid, private_sid, query, until, wait_log
 from tests.fakes.llm_server import Reply, ScriptedLLM
-from tests.fakes.onebot import OneBotSim, at, text
+from tests.fakes.onebot import ApiCall, OneBotSim, at, text
 
 PERSONA = "你是崩溃测试群里的助手小记。"
 
@@ -192,12 +192,18 @@ async def test_backfill_of_groups_and_private_chats_with_each_implementations_hi
             await until(lambda psid=psid: _count(bot, psid, 4), f"{name}: the private backfill and answer")
             said = [c for c in await contents(bot, psid) if c.startswith("[")]
             assert said == ["[丁(30001)] 私聊第一句", "[丁(30001)] 私聊里问：你还在吗？"]
-            answers = [
-                c
-                for c in sim.calls
-                if c.action in {"send_msg", "send_private_msg"} and c.params.get("user_id") == peer
-            ]
-            assert len(answers) == 2  # the first message's, then one for the question asked while down
+
+            def answers(sim: OneBotSim = sim) -> list[ApiCall]:
+                sends = {"send_msg", "send_private_msg"}
+                return [c for c in sim.calls if c.action in sends and c.params.get("user_id") == peer]
+
+            # The answer is stored before it goes out (and its send noted first, said.py): the
+            # send reaches the simulator a moment after the row.
+            async def two_sent() -> bool:
+                return len(answers()) >= 2
+
+            await until(two_sent, f"{name}: the private answer sent")
+            assert len(answers()) == 2  # the first message's, then one for the question asked while down
         log = bot.log()
         assert log.count("cannot get_friend_msg_history") == 1
         assert "cannot get_group_msg_history" not in log
