@@ -343,8 +343,10 @@ async def test_what_the_owner_typed_on_the_bots_account_while_down_is_backfilled
         sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
         await back(bot, sim, restart=False, backfill=False)
         await sim.group_message(group, 20001, "大家好", nickname="甲")
+        mark = len(sim.calls)
         await sim.group_message(group, 20001, [at(SELF_ID), text(" 在吗")], nickname="甲")
         await wait_rows(bot, sid, 3)  # the answer, sent as the bot's message of the group's history
+        await sim.wait_call({"send_msg", "send_group_msg"}, after=mark)  # sent a moment after its row
         mark = len(sim.calls)
         await sim.group_message(group, OWNER, "/记忆模式", nickname="主人")  # its output is no chat
         await sim.wait_call({"send_msg", "send_group_msg"}, after=mark)
