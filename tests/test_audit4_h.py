@@ -25,6 +25,16 @@ from tests.fakes.logs import captured
 from tests.fakes.onebot import SEND_ACTIONS
 
 MESSAGES = [{"role": "user", "content": "[小明(12345)] 在吗？"}]
+PROXY_VARIABLES = (
+    "NO_PROXY",
+    "no_proxy",
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+)
 
 
 @pytest.fixture(scope="module")
@@ -402,10 +412,9 @@ async def test_a_socks_proxy_in_the_environment_fails_as_a_model_error_naming_th
     # Clash / v2ray users export ALL_PROXY=socks5://127.0.0.1:7890; httpx reads it and, without
     # the optional socksio package, raised ImportError out of the model layer at every message
     # (a traceback per turn instead of one model error).
-    for name in ("NO_PROXY", "no_proxy", "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
-        monkeypatch.delenv(name, raising=False)
+    for other in PROXY_VARIABLES:
+        monkeypatch.delenv(other, raising=False)
     # A proxy URL httpx cannot use raised ValueError quoting it, password and all.
-    monkeypatch.delenv("ALL_PROXY", raising=False)
     monkeypatch.setenv(name, proxy)
     model = ModelConfig(
         id="deepseek/deepseek-chat",
@@ -423,3 +432,64 @@ async def test_a_socks_proxy_in_the_environment_fails_as_a_model_error_naming_th
     assert "proxy" in str(info.value)
     assert API_KEY not in str(info.value)
     assert "Proxy-Pass-77" not in str(info.value)
+
+
+@asynccontextmanager
+async def _forwarding_proxy() -> AsyncIterator[tuple[str, list[bytes]]]:
+    """An HTTP forward proxy on 127.0.0.1, as Clash's or Squid's HTTP port: a plain-http target
+    comes as an absolute-form request line (RFC 9112 §3.2.2), which it notes and pipes, with
+    the rest of the connection, to the host that line names."""
+    lines: list[bytes] = []
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        finally:
+            writer.close()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        first = await reader.readline()
+        lines.append(first)
+        host, port = re.match(rb"[A-Z]+ http://([^:/]+):(\d+)/", first).groups()  # type: ignore[union-attr]
+        up_reader, up_writer = await asyncio.open_connection(host.decode(), int(port))
+        up_writer.write(first)
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer), return_exceptions=True)
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", lines
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("name", ["HTTP_PROXY", "http_proxy", "ALL_PROXY"])
+async def test_the_model_is_reached_through_the_proxy_of_the_environment(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    # README (配置): a model behind a proxy is reached by exporting HTTP(S)_PROXY / ALL_PROXY, and
+    # NO_PROXY names the hosts reached directly (a local Ollama beside a proxied provider).
+    for other in PROXY_VARIABLES:
+        monkeypatch.delenv(other, raising=False)
+    with ScriptedLLM() as llm:
+        llm.push(Reply("经代理"), Reply("直连"))
+        model = ModelConfig.model_validate(llm.model_config())
+        url = f"{llm.base_url}/chat/completions".encode()
+        async with _forwarding_proxy() as (proxy, lines):
+            monkeypatch.setenv(name, proxy)
+            client = LLMClient(timeout=10, max_retries=0)
+            try:
+                through = await client.chat(model, MESSAGES, purpose="chat")
+            finally:
+                await client.aclose()
+            monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+            client = LLMClient(timeout=10, max_retries=0)
+            try:
+                direct = await client.chat(model, MESSAGES, purpose="chat")
+            finally:
+                await client.aclose()
+    assert (through.content, direct.content) == ("经代理", "直连")
+    assert [line.split()[1] for line in lines] == [url]
+    assert len(llm.requests) == 2
