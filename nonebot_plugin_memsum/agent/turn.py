@@ -465,7 +465,15 @@ class Agent:
         """Whether a user message or notice was stored after what the last turn answered."""
         answered = await self.store.answered_upto(session_id)
         history = await self.store.get_history(session_id)
-        return any(m.id is not None and m.id > answered and m.role in ("user", "notice") for m in history)
+        # Storage order is id order: read from the end back to what was answered, not the whole history.
+        for m in reversed(history):
+            if m.id is None:
+                continue
+            if m.id <= answered:
+                return False
+            if m.role in ("user", "notice"):
+                return True
+        return False
 
     async def _send_answer(self, session_id: str, upto: int | None, reply: ReplyFn, text: str) -> None:
         """Send an answer to the questions up to message `upto`, marked as being sent first:
