@@ -430,6 +430,8 @@ async def test_r_cfg_2_tiers_resolve_platform_then_platform_type(build: Build) -
     )
     await api.record(private, api.Message(role="user", content=talk(1)))
     assert await api.compress_at("onebot:group:20", "onebot", "group") == 0.3
+    # A session born on a platform keeps its own tier whatever it entered through.
+    assert await api.compress_at("onebot:group:20", "onebot", "private") == 0.3
     assert await api.compress_at("onebot:private:20002", "onebot", "private") == 0.5
     # A session without a birth platform takes the tier of the platform it entered through.
     internal = await api.internal_session("myplugin:report")
