@@ -33,6 +33,7 @@ from .fastpath import Claim, Route
 from .record import (
     drop_foreign_quote,
     fill_forgotten_quote,
+    fill_forward,
     note_refused,
     notice_record,
     peer_of,
@@ -238,6 +239,7 @@ def register_matchers(priority: int, is_command: Callable[[T_State], bool], comm
             logger.debug(f"memsum: not recording a message of {place.id}: mode off")
             return
         await fill_forgotten_quote(bot, event)
+        await fill_forward(bot, event.original_message)
         asks = mode == "on" and _asks(bot, event)
         try:
             record, msg = await record_message(bot, event, rt.onebot.arrivals.of(event), addressed=asks)

@@ -8,6 +8,7 @@ from the implementation's payload and passes it here).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -26,6 +27,7 @@ from .notices import card_change, notice_text, people, withdrawn_id
 from .render import (
     AT_EVERYONE,
     excerpt,
+    forward_nodes,
     labelled,
     neutralise_labels,
     quote_marker,
@@ -259,6 +261,32 @@ async def fill_forgotten_quote(bot: Bot, event: MessageEvent) -> None:
     )
     if stored.role == "assistant":
         event.to_me = True
+
+
+FORWARD_TIMEOUT = 5.0
+"""How long a merged forward's content is waited for: the session's later messages wait too."""
+
+
+async def fill_forward(bot: Bot, message: OBMessage) -> None:
+    """The content of each merged forward (合并转发) the implementation did not send with it
+    (NapCat sends it only with `parseMultMsg`; Lagrange, LLOneBot and go-cqhttp never), asked
+    with `get_forward_msg` (NapCat and LLOneBot read `message_id` or `id`, Lagrange `id`,
+    go-cqhttp `message_id`), into the segment's `content` as NapCat sends it. Unanswered
+    within FORWARD_TIMEOUT, refused or not understood: the segment stays `[合并转发]`."""
+    for segment in message:
+        if segment.type != "forward" or "content" in segment.data:
+            continue
+        forward_id = str(segment.data.get("id") or "")
+        if not forward_id:
+            continue
+        try:
+            async with asyncio.timeout(FORWARD_TIMEOUT):
+                answer = await bot.call_api("get_forward_msg", id=forward_id, message_id=forward_id)
+        except Exception as err:  # unsupported, expired, timed out: the placeholder
+            logger.debug(f"memsum: merged forward {forward_id} not available: {type(err).__name__} {err}")
+            continue
+        if (nodes := forward_nodes(answer)) is not None:
+            segment.data["content"] = nodes
 
 
 def _mentioned(segments: Iterable[tuple[str, Mapping[str, Any]]]) -> list[str]:

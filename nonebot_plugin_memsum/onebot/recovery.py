@@ -467,7 +467,7 @@ async def _record_fetched(
     (`sent`: the plugin's own sends, command output and notices too; those without an id)."""
     from nonebot_plugin_memsum.commands import COMMAND_NAMES, command_starts  # they import this package
 
-    from .record import drop_foreign_quote, fill_forgotten_quote, record_message, record_of
+    from .record import drop_foreign_quote, fill_forgotten_quote, fill_forward, record_message, record_of
     from .said import IN_PARTS, echo_text, name_fetched_answer, sent_here_match
 
     if is_empty(event.original_message) and event.reply is None:
@@ -489,6 +489,7 @@ async def _record_fetched(
     await _resolve_reply(bot, event)
     drop_foreign_quote(bot, event)
     await fill_forgotten_quote(bot, event)
+    await fill_forward(bot, event.original_message)
     asks = addresses_bot(event, bot.self_id, rt.nicknames) and not another_account(bot, event.user_id)
     _, msg = await record_message(bot, event, addressed=asks, said_at=platform_time(event.time), fetched=True)
     return msg

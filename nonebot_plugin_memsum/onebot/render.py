@@ -91,11 +91,16 @@ def neutralise_labels(text: str) -> str:
     return _NOTICE_LIKE.sub(lambda m: f"{m.group(1)}【通知】", text)
 
 
-def render_segments(segments: Iterable[tuple[str, Mapping[str, Any]]], names: Mapping[str, str]) -> str:
-    """Message segments as short text: @ as `@昵称(ID)`, media as placeholders."""
+def render_segments(
+    segments: Iterable[tuple[str, Mapping[str, Any]]], names: Mapping[str, str], *, records: bool = True
+) -> str:
+    """Message segments as short text: @ as `@昵称(ID)`, media as placeholders, a merged
+    forward whose content is known as its record (`records`: not inside a record)."""
     out: list[str] = []
     for kind, data in segments:
-        if kind == "text":
+        if kind == "forward" and records and isinstance(data.get("content"), list):
+            out.append(forward_record(data["content"], names))
+        elif kind == "text":
             out.append(str(data.get("text", "")))
         elif kind == "at":
             qq = str(data.get("qq", ""))
@@ -108,6 +113,77 @@ def render_segments(segments: Iterable[tuple[str, Mapping[str, Any]]], names: Ma
         else:
             out.append(placeholder(kind, data))
     return "".join(out)
+
+
+# ---- merged forwards (合并转发) -------------------------------------------------------
+FORWARD_CHARS = 4000
+"""The most of a forwarded chat record a message keeps: a forward of thousands of nodes or
+megabytes of text must not fill the model's window or the store."""
+
+
+def forward_nodes(answer: Any) -> list[Any] | None:
+    """The nodes of a `get_forward_msg` answer: `messages` (NapCat, LLOneBot, go-cqhttp) or
+    `message` (Lagrange); None when it holds neither."""
+    if isinstance(answer, Mapping):
+        answer = answer.get("messages") or answer.get("message")
+    return answer if isinstance(answer, list) else None
+
+
+def _node_segments(said: Any) -> list[tuple[str, Mapping[str, Any]]]:
+    """A forwarded message's segments: a list of segments, or CQ codes (a `post-format:
+    string` implementation); go-cqhttp gives a nested record as its list of nodes."""
+    if isinstance(said, str):
+        return segments_of(OBMessage(said))
+    if not isinstance(said, list):
+        return []
+    if any(isinstance(s, Mapping) and "type" not in s for s in said):
+        return [("forward", {})]
+    out: list[tuple[str, Mapping[str, Any]]] = []
+    for s in said:
+        if isinstance(s, str):
+            out.append(("text", {"text": s}))
+        elif isinstance(s, Mapping):
+            out.append((str(s["type"]), _mapping(s.get("data"))))
+    return out
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _node(node: Any) -> tuple[str, list[tuple[str, Mapping[str, Any]]]]:
+    """A forwarded message's (sender's name, segments), from any implementation's shape: a
+    `node` segment (Lagrange), a whole OB11 message (NapCat `message`, LLOneBot `content`),
+    go-cqhttp's {sender, content}."""
+    node = _mapping(node)
+    if node.get("type") == "node":
+        node = _mapping(node.get("data"))
+    sender = _mapping(node.get("sender"))
+    user_id = sender.get("user_id") or node.get("user_id") or node.get("uin") or ""
+    name = sender.get("card") or sender.get("nickname") or node.get("nickname") or node.get("name")
+    said = node.get("message") or node.get("content")
+    return clean_name(name, str(user_id) or "某人"), _node_segments(said)
+
+
+def forward_record(nodes: list[Any], names: Mapping[str, str]) -> str:
+    """A forwarded chat record as a quoted block, `[合并转发：` and a line per message, each
+    `  昵称: 正文` indented, its own line breaks indented further: no line of it starts at
+    the margin or as a label, quote or notice (neutralised), so none reads as said in this
+    chat. A record inside it is `[合并转发]`; past FORWARD_CHARS the rest is counted, not kept."""
+    lines: list[str] = []
+    room = FORWARD_CHARS
+    for node in nodes:
+        name, segments = _node(node)
+        said = render_segments(segments, names, records=False)[:room]  # before the regexes run
+        line = f"  {name}: " + "\n    ".join(neutralise_labels(said).splitlines())
+        if len(line) > room:
+            if room > len(name) + 4:  # some of its words fit
+                lines.append(f"{line[:room]}…")
+            lines.append(f"  …（共 {len(nodes)} 条，后面的略）")
+            break
+        lines.append(line)
+        room -= len(line)
+    return "[合并转发：\n" + "\n".join(lines) + "\n]" if lines else "[合并转发]"
 
 
 def excerpt(text: str, limit: int = 30) -> str:
