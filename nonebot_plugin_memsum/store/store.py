@@ -102,6 +102,16 @@ def _dump_json(value: Any, what: str) -> str:
         raise StoreError(f"{what} is not JSON-serialisable: {err}") from err
 
 
+_LIKE_ESCAPE = "!"
+
+
+def _like_literal(text: str) -> str:
+    """`text` as a LIKE pattern matching itself under `ESCAPE '!'`: `%` and `_` are wildcards
+    on both engines, and without an explicit ESCAPE PostgreSQL reads `\\` as one (JSON writes
+    a platform id's `\\` and `"` with it)."""
+    return text.translate({ord(c): _LIKE_ESCAPE + c for c in (_LIKE_ESCAPE, "%", "_")})
+
+
 def _message_params(session_id: str, msg: Message, ts: float) -> tuple[Any, ...]:
     tool_calls = (
         _dump_json(
@@ -407,8 +417,8 @@ class Tx:
         rows = await self._fetch(
             f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ?"
             + (" AND archived IN (0, 1) AND id > ?" if after is not None else " AND archived = 0")
-            + " AND role = 'user' AND metadata LIKE ? ORDER BY id",
-            (session_id, *((after,) if after is not None else ()), f"%{fragment}%"),
+            + f" AND role = 'user' AND metadata LIKE ? ESCAPE '{_LIKE_ESCAPE}' ORDER BY id",
+            (session_id, *((after,) if after is not None else ()), f"%{_like_literal(fragment)}%"),
         )
         out: list[Message] = []
         for row in rows:
