@@ -133,7 +133,9 @@ def _fill(path: Path, messages: int, sessions: int, active: int) -> float:
                 )
         # The search index as the store keeps it (issue 11): built here, or the background
         # indexer would rebuild a million rows while the turns are timed.
-        rows = conn.execute("SELECT id, session_id, role, name, content, event_marker, ts FROM messages")
+        rows = conn.execute(
+            "SELECT id, session_id, role, name, content, event_marker, ts, metadata FROM messages"
+        )
         conn.executemany(search.INSERT, search.documents(rows))
         conn.execute("UPDATE search_state SET indexed_upto = (SELECT MAX(id) FROM messages) WHERE id = 1")
         conn.execute("COMMIT")

@@ -75,7 +75,7 @@ def _bulk(path: Path, rows: list[tuple[str, str, str, str, float]], batch: int =
             [(first + k, *r) for k, r in enumerate(part)],
         )
         docs = search_mod.documents(
-            (first + k, sid, role, name, content, 0, ts)
+            (first + k, sid, role, name, content, 0, ts, None)
             for k, (sid, role, content, name, ts) in enumerate(part)
         )
         conn.executemany(search_mod.INSERT, docs)

@@ -112,7 +112,12 @@ def unquoted(m: Message) -> str:
     WITHDRAWN_TEXT; as stored otherwise."""
     if not (m.metadata and m.metadata.get(QUOTE_WITHDRAWN_KEY) is True):
         return m.content
-    return _QUOTE.sub(lambda q: f"{q.group(1)}{WITHDRAWN_TEXT}] ", m.content, count=1)
+    return quote_masked(m.content)
+
+
+def quote_masked(content: str) -> str:
+    """A reply's content with its `[回复 …]` quote's excerpt as WITHDRAWN_TEXT."""
+    return _QUOTE.sub(lambda q: f"{q.group(1)}{WITHDRAWN_TEXT}] ", content, count=1)
 
 
 def shown_content(m: Message) -> str:

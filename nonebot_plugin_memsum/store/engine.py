@@ -37,6 +37,7 @@ from urllib.parse import parse_qs, urlsplit
 import aiosqlite
 
 from nonebot_plugin_memsum.errors import SchemaTooNewError, StoreError
+from nonebot_plugin_memsum.types import unquoted
 
 from . import pg_search, search
 from .migrations import migrate
@@ -191,6 +192,11 @@ class Db(ABC):
     @abstractmethod
     async def forget(self, session_id: str) -> None:
         """Everything the session stored so far leaves the search index for good."""
+
+    @abstractmethod
+    async def requote(self, session_id: str, reply: Message) -> None:
+        """Inside a transaction: the quote of this reply (as it reads now) was just marked
+        withdrawn; the search index holds it as it reads now, without the quoted words."""
 
     @abstractmethod
     async def search(self, query: search.SearchQuery, columns: str, context: int) -> list[Row]:
@@ -448,6 +454,12 @@ class SqliteDb(Db):
         except sqlite3.Error as err:
             raise StoreError(f"store write failed: {err}") from err
 
+    async def requote(self, session_id: str, reply: Message) -> None:
+        try:
+            await search.requote(await self.raw(), session_id, reply)
+        except sqlite3.Error as err:
+            raise StoreError(f"store write failed: {err}") from err
+
     async def search(self, query: search.SearchQuery, columns: str, context: int) -> list[Row]:
         statement = search.search_statement(query, columns, context)
         if statement is None:
@@ -650,7 +662,7 @@ class PostgresDb(Db):
             return await self.insert(sql, params)
         # The message and its terms in one statement: atomic without a transaction, one
         # trip to the server.
-        doc = pg_search.document(session_id, msg.role, msg.name, msg.content, ts)
+        doc = pg_search.document(session_id, msg.role, msg.name, unquoted(msg), ts)
         both = (
             f"WITH m AS ({sql} RETURNING id), i AS (INSERT INTO search_index (id, doc)"
             " SELECT id, CAST(CAST(? AS TEXT) AS tsvector) FROM m) SELECT id FROM m"
@@ -661,6 +673,11 @@ class PostgresDb(Db):
     async def forget(self, session_id: str) -> None:
         await self.fetch(pg_search.FORGET, (session_id,))
         await self.fetch(pg_search.MARK_CLEARED, (session_id, session_id))
+
+    async def requote(self, session_id: str, reply: Message) -> None:
+        # A cleared reply has no row in the index: nothing to update.
+        doc = pg_search.document(session_id, reply.role, reply.name, unquoted(reply), reply.ts)
+        await self.fetch(pg_search.REQUOTE, (doc, reply.id))
 
     async def search(self, query: search.SearchQuery, columns: str, context: int) -> list[Row]:
         """The newest CANDIDATES matches ranked in Python (`pg_search.relevance`), then the

@@ -191,9 +191,11 @@ def _foreign(table: Table, mine: Row, theirs: Row) -> bool:
 def _search_docs(rows: Sequence[Row], cleared: dict[str, int]) -> list[tuple[int, str]]:
     """(id, tsvector literal) of the messages recall finds: indexable and not cleared."""
     docs = []
-    for msg_id, sid, role, content, name, _calls, _cid, ts, _meta, marker, *_ in rows:
+    for msg_id, sid, role, content, name, _calls, _cid, ts, meta, marker, *_ in rows:
         if msg_id > cleared.get(sid, 0) and search.indexable(role, marker, content):
-            docs.append((msg_id, pg_search.document(sid, role, name, content, ts)))
+            docs.append(
+                (msg_id, pg_search.document(sid, role, name, search.indexed_content(content, meta), ts))
+            )
     return docs
 
 

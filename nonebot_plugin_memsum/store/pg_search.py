@@ -44,6 +44,7 @@ Counted per distinct term as its bytes and 8 more (its entry, alignment, positio
 2 per position."""
 
 INSERT = "INSERT INTO search_index (id, doc) VALUES (?, CAST(CAST(? AS TEXT) AS tsvector))"
+REQUOTE = "UPDATE search_index SET doc = CAST(CAST(? AS TEXT) AS tsvector) WHERE id = ?"
 FORGET = "DELETE FROM search_index WHERE id IN (SELECT id FROM messages WHERE session_id = ?)"
 MARK_CLEARED = (
     "INSERT INTO search_cleared (session_id, upto)"

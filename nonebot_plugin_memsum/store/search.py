@@ -36,7 +36,9 @@ context calls `forget` in the same transaction: the session's indexed rows leave
 index and a watermark marks everything up to then as cleared, so nothing cleared is
 ever returned or indexed later. A database from before the index is indexed the same
 way, newest first, in the background (the migration only records how far); so is one
-whose index has an older format (migration 7).
+whose index has an older format (migration 7). A reply's text is indexed as it reads
+(`indexed_content`): when the message it quotes is withdrawn, `requote` swaps its terms in
+the withdrawal's transaction, and a batch re-reads the mark before it writes.
 
 The term rules are part of the file format: a contentless FTS5 row is deleted by
 re-deriving its terms, so changing `terms()` or `document()` needs a migration that
@@ -47,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import math
 import re
 import unicodedata
@@ -56,7 +59,7 @@ from typing import Any
 
 import aiosqlite
 
-from nonebot_plugin_memsum.types import Message
+from nonebot_plugin_memsum.types import QUOTE_WITHDRAWN_KEY, Message, quote_masked, unquoted
 
 SEARCH_ROLES = ("user", "assistant", "notice")
 """The roles whose messages are indexed (conversation text; not tool results)."""
@@ -190,6 +193,15 @@ def document_terms(role: str, name: str | None, content: str) -> tuple[list[str]
     return terms(content), terms(_SPEAKER_WORDS.get(role, role))
 
 
+def indexed_content(content: str, metadata: str | None) -> str:
+    """The text the index holds of a stored message (`metadata` as stored, JSON): a reply's
+    quote of a message withdrawn since (QUOTE_WITHDRAWN_KEY) as withdrawn, as `types.unquoted`
+    shows it, so a search never finds the reply by the withdrawn words."""
+    if metadata and QUOTE_WITHDRAWN_KEY in metadata and json.loads(metadata).get(QUOTE_WITHDRAWN_KEY) is True:
+        return quote_masked(content)
+    return content
+
+
 def document(session_id: str, role: str, name: str | None, content: str, ts: float) -> tuple[str, str, str]:
     """(body, who, day) as the FTS5 index stores them, every term in the session's scope."""
     body, who = document_terms(role, name, content)
@@ -199,8 +211,12 @@ def document(session_id: str, role: str, name: str | None, content: str, ts: flo
 
 def documents(rows: Iterable[Sequence[Any]]) -> list[tuple[int, str, str, str]]:
     """(id, body, who, day) of the indexable rows among (id, session_id, role, name,
-    content, event_marker, ts); pure, so the backfill runs it off the event loop."""
-    return [(r[0], *document(r[1], r[2], r[3], r[4], r[6])) for r in rows if indexable(r[2], r[5], r[4])]
+    content, event_marker, ts, metadata); pure, so the backfill runs it off the event loop."""
+    return [
+        (r[0], *document(r[1], r[2], r[3], indexed_content(r[4], r[7]), r[6]))
+        for r in rows
+        if indexable(r[2], r[5], r[4])
+    ]
 
 
 # ---- the query ----------------------------------------------------------------------
@@ -363,7 +379,9 @@ async def cleared_upto(db: aiosqlite.Connection, session_id: str) -> int:
 
 # ---- keeping it in step -------------------------------------------------------------
 INSERT = "INSERT INTO search_index (rowid, body, who, day) VALUES (?, ?, ?, ?)"
-_DOC_COLUMNS = "id, session_id, role, name, content, event_marker, ts"
+_DOC_COLUMNS = "id, session_id, role, name, content, event_marker, ts, metadata"
+DELETE = "INSERT INTO search_index (search_index, rowid, body, who, day) VALUES ('delete', ?, ?, ?, ?)"
+"""A contentless FTS5 row is deleted by naming the terms it was indexed with."""
 Doc = tuple[int, str, str, str]
 
 
@@ -424,6 +442,14 @@ async def commit_batch(db: aiosqlite.Connection, batch: Batch, docs: Sequence[Do
         return at
     marks = {sid: await cleared_upto(db, sid) for sid in {r[1] for r in batch.rows}}
     session_of = {r[0]: r[1] for r in batch.rows}
+    # A reply whose quote was marked withdrawn since the batch was read (`requote` found it
+    # not indexed yet) goes in as it reads now.
+    requoted = await db.execute_fetchall(
+        f"SELECT {_DOC_COLUMNS} FROM messages WHERE id BETWEEN ? AND ? AND metadata LIKE ?",
+        (batch.low, batch.high, f'%"{QUOTE_WITHDRAWN_KEY}":true%'),
+    )
+    now = {d[0]: d for d in documents(requoted)}
+    docs = [now.get(d[0], d) for d in docs]
     await db.executemany(INSERT, [d for d in docs if d[0] > marks[session_of[d[0]]]])
     if batch.new:
         await db.execute("UPDATE search_state SET indexed_upto = ? WHERE id = 1", (batch.high,))
@@ -443,10 +469,7 @@ async def forget(db: aiosqlite.Connection, session_id: str) -> int:
         (session_id, max(wm, at.old_upto), at.indexed_upto),
     )
     docs = await asyncio.to_thread(documents, rows)
-    # A contentless FTS5 row is deleted by naming the terms it was indexed with.
-    await db.executemany(
-        "INSERT INTO search_index (search_index, rowid, body, who, day) VALUES ('delete', ?, ?, ?, ?)", docs
-    )
+    await db.executemany(DELETE, docs)
     await db.execute(
         "INSERT INTO search_cleared (session_id, upto)"
         " SELECT ?, MAX(COALESCE((SELECT MAX(id) FROM messages WHERE session_id = ?), 0), ?)"
@@ -454,3 +477,20 @@ async def forget(db: aiosqlite.Connection, session_id: str) -> int:
         (session_id, session_id, wm),
     )
     return len(docs)
+
+
+async def requote(db: aiosqlite.Connection, session_id: str, reply: Message) -> None:
+    """A reply whose quote was just marked withdrawn (inside that transaction; `reply` as it
+    reads now): if the index holds it, its terms as they were out, as it reads now in. One
+    not indexed yet, or cleared, is left to its batch, which reads the mark."""
+    assert reply.id is not None
+    at = await state(db)
+    if not at.old_upto < reply.id <= at.indexed_upto or reply.id <= await cleared_upto(db, session_id):
+        return
+    if not indexable(reply.role, reply.event_marker, reply.content):
+        return
+    was = document(session_id, reply.role, reply.name, reply.content, reply.ts)
+    await db.execute(DELETE, (reply.id, *was))
+    await db.execute(
+        INSERT, (reply.id, *document(session_id, reply.role, reply.name, unquoted(reply), reply.ts))
+    )

@@ -430,7 +430,9 @@ class Tx:
                 "UPDATE messages SET metadata = ?, tokens = NULL WHERE id = ?",
                 (_dump_json(metadata, "message metadata"), m.id),
             )
-            out.append(replace(m, metadata=metadata, tokens=None))
+            m = replace(m, metadata=metadata, tokens=None)
+            await self._live().requote(session_id, m)  # a search no longer finds the quoted words
+            out.append(m)
         return out
 
     async def session_of_platform_id(self, prefix: str, platform_id: str) -> str | None:
