@@ -5,9 +5,11 @@ plugins listed under `[tool.nonebot]` of a `pyproject.toml` in that folder (wher
 `nb plugin install` puts them) are loaded too.
 """
 
+import errno
 import functools
 import hmac
 import re
+import socket
 import sys
 import time
 from pathlib import Path
@@ -291,6 +293,32 @@ def _where_to_connect() -> None:
     )
 
 
+def _refuse_a_taken_address() -> None:
+    """HOST:PORT already taken (another program, a second bot.py): one line naming the `.env`
+    keys, before the start-up opens anything; uvicorn said only `[Errno 98] error while
+    attempting to bind`, after it. Probed as uvicorn binds (SO_REUSEADDR: the closed
+    connections of a bot.py just stopped do not count)."""
+    driver = nonebot.get_driver()
+    if not isinstance(driver, ASGIMixin):
+        return  # no server: forward WebSocket or HTTP only
+    host, port = driver.config.host, driver.config.port
+    address = f"[{host}]:{port}" if host.version == 6 else f"{host}:{port}"
+    with socket.socket(socket.AF_INET6 if host.version == 6 else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((str(host), port))
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                why = f"地址 {address} 已被占用（别的程序或另一个 bot.py 在用）"
+            else:
+                why = f"无法在 {address} 上监听（{err.strerror}）"
+            logger.opt(colors=False).critical(
+                f"bot.py: {why}；在 .env 里把 PORT 改成别的端口（或用 HOST 换个地址），"
+                "OneBot 实现（NapCat 等）的反向 WebSocket 地址也跟着改"
+            )
+            sys.exit(2)
+
+
 def _guard_http_events() -> None:
     onebot = nonebot.get_plugin_config(OneBotV11Config)
     token = (onebot.onebot_access_token or "").strip()
@@ -302,6 +330,7 @@ def _guard_http_events() -> None:
 level = _log_level()
 logger.remove(_handler)
 _log_to_stdout(level)
+_refuse_a_taken_address()
 _warn_open_without_token()
 _guard_http_events()
 if (logger.level(level).no if isinstance(level, str) else level) > logger.level("DEBUG").no:

@@ -6,12 +6,15 @@
 - A reply stored with the start of the message it quotes is not found by those words once that
   message is withdrawn: the index holds the reply as it reads now (its quote as withdrawn),
   through the store on both engines and through bot.py's /回忆.
+- bot.py started while HOST:PORT is taken stops with one line naming the address and `.env`'s
+  PORT (or HOST), not uvicorn's bind error after the whole start-up.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import sqlite3
 from pathlib import Path
 
@@ -28,6 +31,7 @@ from nonebot_plugin_memsum.types import (
     shown_content,
     unquoted,
 )
+from tests.fakes.botproc import BotProcess
 from tests.fakes.e2e import group_sid, query, running_bot, until
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.onebot import reply, text
@@ -212,3 +216,24 @@ async def test_recall_command_does_not_find_a_reply_by_a_quote_withdrawn_since(
             found = await _command(sim, group, "/回忆 收到")
             assert f"[回复 甲(20001)：{WITHDRAWN_TEXT}] 收到" in found
             assert "r4n7" not in found
+
+
+# ---- a taken port ---------------------------------------------------------------------------
+async def test_a_taken_port_stops_bot_py_with_one_line_naming_port_in_env(tmp_path: Path) -> None:
+    """Another program (or a second bot.py) listens on HOST:PORT: uvicorn said only `[Errno 98]
+    error while attempting to bind`, after the whole start-up, and named no `.env` key."""
+    bot = BotProcess(tmp_path, log_level="INFO")
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", bot.port))
+        holder.listen()
+        await bot.spawn()  # not start(): it would take our socket for the bot's
+        returncode = await bot.wait_exit()
+    log = bot.log()
+    assert returncode == 2, log
+    assert "Traceback" not in log, log
+    said = [line for line in log.splitlines() if "CRITICAL" in line or "ERROR" in line]
+    assert len(said) == 1, log
+    assert f"127.0.0.1:{bot.port}" in said[0]
+    assert "已被占用" in said[0]
+    assert "在 .env 里把 PORT 改成" in said[0]
+    assert "memsum: database" not in log  # stopped before the start-up opened anything
