@@ -253,8 +253,9 @@ async def test_r_cfg_4_compress_at_zero_turns_the_usage_line_off(build: Build) -
 
 
 async def test_r_trig_5_a_turn_overtaken_by_a_compression_is_not_judged(build: Build) -> None:
-    """A manual compression commits while the turn waits for the model: the turn's usage was
-    measured over the old history, so its end starts nothing."""
+    """A manual compression has its summary while the turn waits for the model, and commits
+    once the turn is done (the background never changes history while a turn runs): the
+    turn's usage was measured over the old history, so its end starts nothing."""
     bot = await build(memsum_compress_at=0.5)
     sid = "onebot:group:8"
     await fill(sid, 2200)
@@ -265,8 +266,11 @@ async def test_r_trig_5_a_turn_overtaken_by_a_compression_is_not_judged(build: B
     with gate:
         turn = asyncio.create_task(api.run_turn(sid, None, api.Entry("onebot.group")))
         await gate.reached()
-        await api.compress(sid)
+        asked = len(bot.llm.requests)
+        manual = asyncio.create_task(api.compress(sid))
+        await bot.llm.wait_requests_async(asked + 1)  # the summary, asked while the turn still waits
     assert await turn == "replied"
+    assert (await manual).outcome == "done"
     await settle(runtime.get())
     assert bot.starts(sid) == 1  # the manual one only
 
