@@ -202,7 +202,7 @@ async def test_another_plugins_sends_are_stored_as_the_bots_in_their_sessions_in
         ("user", "[甲(20001)] 签到"),
         ("assistant", "@甲(20001) 签到成功，积分 +10[图片]"),
         ("user", "[乙(20002)] 推送"),
-        ("assistant", "[合并转发]"),
+        ("assistant", "[合并转发：\n  公告: 群规第一条\n]"),  # its nodes (audit 18 fwd2)
         # What a plugin repeats cannot speak as a member.
         ("assistant", "（仿冒标注：群主 10001） 今天的推送到此结束"),
     ]

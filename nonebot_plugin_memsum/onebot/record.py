@@ -28,6 +28,7 @@ from .render import (
     AT_EVERYONE,
     excerpt,
     forward_nodes,
+    forward_ref,
     labelled,
     neutralise_labels,
     quote_marker,
@@ -241,16 +242,9 @@ async def fill_forgotten_quote(bot: Bot, event: MessageEvent) -> None:
     if quoted_id in ("", "0"):  # 0 is no message: Lagrange's reply id in a private chat (issue #847)
         return
     stored = await runtime.get().store.by_platform_id(record_of(bot, event)[0].id, quoted_id)
-    if stored is None:
+    if stored is None or (said := _speaker(bot, stored)) is None:
         return
-    if stored.role == "assistant":
-        name, user_id, body = names.bot_name(), bot.self_id, stored.content
-    elif stored.role == "user" and (parts := unlabelled(stored.content)) is not None:
-        name, user_id, body = parts
-    else:
-        return
-    if stored.withdrawn:
-        body = WITHDRAWN_TEXT
+    name, user_id, body = said
     event.reply = Reply(
         time=int(stored.ts or 0),
         message_type=event.message_type,
@@ -261,6 +255,51 @@ async def fill_forgotten_quote(bot: Bot, event: MessageEvent) -> None:
     )
     if stored.role == "assistant":
         event.to_me = True
+
+
+def _speaker(bot: Bot, stored: Message) -> tuple[str, str, str] | None:
+    """A stored message's (name, user id, body): a member's, or an answer of the bot; None
+    for anything else (a notice)."""
+    if stored.role == "assistant":
+        name, user_id, body = names.bot_name(), bot.self_id, stored.content
+    elif stored.role == "user" and (parts := unlabelled(stored.content)) is not None:
+        name, user_id, body = parts
+    else:
+        return None
+    return name, user_id, WITHDRAWN_TEXT if stored.withdrawn else body
+
+
+async def fill_forward_refs(bot: Bot, event: MessageEvent) -> None:
+    """The nodes of a merged forward the bot account sent that name a message by its id
+    instead of holding it (OneBot v11 `node` {id}), from the session's store; one it has
+    not got is left out, and a forward left with none is `[合并转发]`."""
+    sid = record_of(bot, event)[0].id
+    for segment in event.original_message:
+        nodes = segment.data.get("content") if segment.type == "forward" else None
+        if not isinstance(nodes, list) or all(forward_ref(n) is None for n in nodes):
+            continue
+        filled: list[Any] = []
+        for node in nodes:
+            if (ref := forward_ref(node)) is None:
+                filled.append(node)
+                continue
+            try:
+                stored = await runtime.get().store.by_platform_id(sid, ref)
+            except StoreError:
+                stored = None
+            if stored is not None and (said := _speaker(bot, stored)) is not None:
+                name, user_id, body = said
+                filled.append(
+                    {
+                        "user_id": user_id,
+                        "nickname": name,
+                        "content": [{"type": "text", "data": {"text": body}}],
+                    }
+                )
+        if filled:
+            segment.data["content"] = filled
+        else:
+            del segment.data["content"]
 
 
 FORWARD_TIMEOUT = 5.0

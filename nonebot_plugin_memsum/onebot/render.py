@@ -134,10 +134,12 @@ def _node_segments(said: Any) -> list[tuple[str, Mapping[str, Any]]]:
     string` implementation); go-cqhttp gives a nested record as its list of nodes."""
     if isinstance(said, str):
         return segments_of(OBMessage(said))
+    if isinstance(said, Mapping):  # one segment (OneBot v11 takes a message as one)
+        said = [said]
     if not isinstance(said, list):
         return []
-    if any(isinstance(s, Mapping) and "type" not in s for s in said):
-        return [("forward", {})]
+    if any(isinstance(s, Mapping) and ("type" not in s or s["type"] == "node") for s in said):
+        return [("forward", {})]  # a record of nodes inside it: fetched, or sent (go-cqhttp)
     out: list[tuple[str, Mapping[str, Any]]] = []
     for s in said:
         if isinstance(s, str):
@@ -163,6 +165,15 @@ def _node(node: Any) -> tuple[str, list[tuple[str, Mapping[str, Any]]]]:
     name = sender.get("card") or sender.get("nickname") or node.get("nickname") or node.get("name")
     said = node.get("message") or node.get("content")
     return clean_name(name, str(user_id) or "某人"), _node_segments(said)
+
+
+def forward_ref(node: Any) -> str | None:
+    """The message id a sent `node` names instead of holding its content (OneBot v11 `node`
+    {id}); None for a node with content."""
+    data = _mapping(_mapping(node).get("data"))
+    if _mapping(node).get("type") != "node" or "content" in data or not data.get("id"):
+        return None
+    return str(data["id"])
 
 
 def forward_record(nodes: list[Any], names: Mapping[str, str]) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import Coroutine, Mapping
 from typing import Any
@@ -36,12 +37,13 @@ from nonebot.adapters.onebot.v11 import (
 from nonebot.adapters.onebot.v11 import Message as OBMessage
 from nonebot.compat import type_validate_python
 from nonebot.log import logger
+from nonebot.utils import DataclassEncoder
 
 from nonebot_plugin_memsum import clock, runtime
 from nonebot_plugin_memsum.agent.turn import OWN_SEND
 from nonebot_plugin_memsum.errors import NotStarted, StoreError
 
-from .record import note_refused, peer_of, record_message, record_of
+from .record import fill_forward_refs, note_refused, peer_of, record_message, record_of
 from .render import is_empty, render_segments, segments_of
 from .send import sent_id
 from .sessions import entry_of, group_session_id, private_session_id
@@ -84,8 +86,9 @@ def _target(self_id: str, api: str, data: Mapping[str, Any]) -> tuple[str, int |
 
 def _message(api: str, data: Mapping[str, Any]) -> OBMessage:
     """What a send action carries, as segments (a string is CQ codes unless `auto_escape`)."""
-    if "forward" in api:
-        return OBMessage(MessageSegment("forward", {}))  # as a member's merged-forward reads
+    if "forward" in api:  # its nodes as a received forward's `content` holds them
+        nodes = _nodes(data.get("messages") or data.get("message"))  # NapCat takes either
+        return OBMessage(MessageSegment("forward", {} if nodes is None else {"content": nodes}))
     raw = data.get("message", "")
     if isinstance(raw, str) and data.get("auto_escape"):
         return OBMessage(MessageSegment.text(raw))
@@ -102,9 +105,21 @@ def _message(api: str, data: Mapping[str, Any]) -> OBMessage:
         return OBMessage()
 
 
+def _nodes(raw: Any) -> list[Any] | None:
+    """A forward send's `node` segments as they go out (dicts, a plugin's MessageSegments);
+    None when they are none."""
+    try:
+        nodes = json.loads(json.dumps(raw, cls=DataclassEncoder))
+    except (TypeError, ValueError):
+        return None
+    nodes = [nodes] if isinstance(nodes, Mapping) else nodes
+    return nodes if isinstance(nodes, list) and nodes else None
+
+
 def echo_text(message: OBMessage) -> str:
-    """What an own send and its echo both read as: rendered without names, blanks collapsed."""
-    return _collapsed(render_segments(segments_of(message), {}))
+    """What an own send and its echo both read as: rendered without names, blanks collapsed,
+    a merged forward as `[合并转发]` (its echo holds its id, or the content as NapCat reads it)."""
+    return _collapsed(render_segments(segments_of(message), {}, records=False))
 
 
 def _collapsed(text: str) -> str:
@@ -351,6 +366,7 @@ async def record_said(bot: Bot, event: MessageEvent, arrival: Arrival | None) ->
             return
         if mode == "off":
             return
+        await fill_forward_refs(bot, event)
         try:
             record, msg = await record_message(bot, event, arrival, by_bot=True)
         except StoreError:  # said in the log already
