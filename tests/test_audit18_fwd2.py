@@ -20,6 +20,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +29,7 @@ from tests.fakes.botproc import BotProcess
 from tests.fakes.e2e import SELF_ID, connected, group_sid, rows, until, wait_log, wait_rows
 from tests.fakes.llm_server import ScriptedLLM
 from tests.fakes.onebot import OneBotSim
+from tests.test_audit18_fwdc import LAGRANGE_ANSWER, forward
 
 pytestmark = pytest.mark.e2e
 
@@ -224,3 +226,45 @@ async def test_the_echo_of_a_forward_another_plugin_sent_is_not_stored_again(
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_a_hanging_get_forward_msg_costs_the_backfill_one_timeout_not_one_per_forward(
+    tmp_path: Path,
+) -> None:
+    group = 96101
+    sid = group_sid(group)
+
+    async def answer(params: dict[str, Any]) -> Any:
+        if str(params.get("id")).startswith("hang"):
+            await asyncio.sleep(120)  # never answered in time
+        return LAGRANGE_ANSWER
+
+    async with BotProcess(tmp_path / "bot", log_level="INFO") as bot:
+        sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
+        sim.responders["get_forward_msg"] = answer
+        try:
+            await sim.connect()
+            await wait_log(bot, f"Bot {SELF_ID} connected")
+            await sim.group_message(group, 20100, "我先说一句", nickname="辛")
+            await wait_rows(bot, sid, 1)
+            await bot.stop()
+            await asyncio.wait_for(sim.disconnected.wait(), 15)
+            await sim.close()
+            for i in range(4):  # kept for the history
+                await sim.group_message(group, 20101 + i, [forward(f"hang-{i}")], nickname=f"转发{i}")
+            await bot.start()
+            await sim.connect()
+            await wait_log(bot, f"Bot {SELF_ID} connected")
+            backfilled = await wait_rows(bot, sid, 5, within=60)
+            asked = [c.params["id"] for c in sim.calls if c.action == "get_forward_msg"]
+            # A live forward still asks, and gets its record.
+            await sim.group_message(group, 20109, [forward("lagrange-res")], nickname="壬")
+            live = (await wait_rows(bot, sid, 6))[5]
+        finally:
+            await sim.close()
+    assert backfilled[1:] == [("user", f"[转发{i}(2010{i + 1})] [合并转发]") for i in range(4)]
+    assert asked == ["hang-0"]  # the rest kept the placeholder without asking
+    assert live == (
+        "user",
+        "[壬(20109)] [合并转发：\n  老张: 下周三交周报，lgx5512 别忘了\n  小李: 收到[表情]\n]",
+    )

@@ -306,12 +306,14 @@ FORWARD_TIMEOUT = 5.0
 """How long a merged forward's content is waited for: the session's later messages wait too."""
 
 
-async def fill_forward(bot: Bot, message: OBMessage) -> None:
+async def fill_forward(bot: Bot, message: OBMessage) -> bool:
     """The content of each merged forward (合并转发) the implementation did not send with it
     (NapCat sends it only with `parseMultMsg`; Lagrange, LLOneBot and go-cqhttp never), asked
     with `get_forward_msg` (NapCat and LLOneBot read `message_id` or `id`, Lagrange `id`,
     go-cqhttp `message_id`), into the segment's `content` as NapCat sends it. Unanswered
-    within FORWARD_TIMEOUT, refused or not understood: the segment stays `[合并转发]`."""
+    within FORWARD_TIMEOUT, refused or not understood: the segment stays `[合并转发]`.
+    Whether an ask timed out (the backfill asks no more)."""
+    timed_out = False
     for segment in message:
         if segment.type != "forward" or "content" in segment.data:
             continue
@@ -323,9 +325,11 @@ async def fill_forward(bot: Bot, message: OBMessage) -> None:
                 answer = await bot.call_api("get_forward_msg", id=forward_id, message_id=forward_id)
         except Exception as err:  # unsupported, expired, timed out: the placeholder
             logger.debug(f"memsum: merged forward {forward_id} not available: {type(err).__name__} {err}")
+            timed_out = timed_out or isinstance(err, TimeoutError)
             continue
         if (nodes := forward_nodes(answer)) is not None:
             segment.data["content"] = nodes
+    return timed_out
 
 
 def _mentioned(segments: Iterable[tuple[str, Mapping[str, Any]]]) -> list[str]:

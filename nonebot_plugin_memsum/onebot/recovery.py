@@ -93,6 +93,10 @@ class Account:
     questions: dict[tuple[str, str], int] = field(default_factory=dict)
     """(session id, platform message id) → stored id of the questions the backfill stored
     while MEMSUM_RESUME_WINDOW is 0 (`fetched_question`)."""
+    forwards_hang: bool = False
+    """`get_forward_msg` timed out for a fetched merged forward: this connection's backfill
+    (and refills) ask no more, the rest keep `[合并转发]`: each ask would hold its session's
+    live messages FORWARD_TIMEOUT more. Live messages still ask."""
 
 
 # ---- the pure part --------------------------------------------------------------------
@@ -378,7 +382,7 @@ async def _backfill(bot: Bot, account: Account, sid: str, last: float, *, questi
         event = Adapter.json_to_event(payload)
         if not isinstance(event, GroupMessageEvent | PrivateMessageEvent):
             continue
-        msg = await _record_fetched(bot, event, sent)
+        msg = await _record_fetched(bot, account, event, sent)
         if msg is not None:
             stored += 1
             if msg.addressed:
@@ -459,7 +463,7 @@ def _refused(bot: Bot, account: Account, sid: str, action: str, err: Exception) 
 
 
 async def _record_fetched(
-    bot: Bot, event: MessageEvent, sent: list[tuple[str, str | None]]
+    bot: Bot, account: Account, event: MessageEvent, sent: list[tuple[str, str | None]]
 ) -> Message | None:
     """Stores a fetched message (`addressed`: it asked the bot); None when not stored. One of
     the bot account is stored as the bot's own words (the owner typing on it while bot.py was
@@ -489,7 +493,8 @@ async def _record_fetched(
     await _resolve_reply(bot, event)
     drop_foreign_quote(bot, event)
     await fill_forgotten_quote(bot, event)
-    await fill_forward(bot, event.original_message)
+    if not account.forwards_hang and await fill_forward(bot, event.original_message):
+        account.forwards_hang = True
     asks = addresses_bot(event, bot.self_id, rt.nicknames) and not another_account(bot, event.user_id)
     _, msg = await record_message(bot, event, addressed=asks, said_at=platform_time(event.time), fetched=True)
     return msg
