@@ -471,7 +471,7 @@ async def _record_fetched(
     (`sent`: the plugin's own sends, command output and notices too; those without an id)."""
     from nonebot_plugin_memsum.commands import COMMAND_NAMES, command_starts  # they import this package
 
-    from .record import drop_foreign_quote, fill_forgotten_quote, fill_forward, record_message, record_of
+    from .record import drop_foreign_quote, fill_forgotten_quote, record_message, record_of
     from .said import IN_PARTS, echo_text, name_fetched_answer, sent_here_match
 
     if is_empty(event.original_message) and event.reply is None:
@@ -487,17 +487,26 @@ async def _record_fetched(
                 await name_fetched_answer(record_of(bot, event)[0].id, str(event.message_id), text)
             return None
         said_at = platform_time(event.time)
+        await _fill_forward(bot, account, event)
         _, msg = await record_message(bot, event, said_at=said_at, fetched=True, by_bot=True)
         return msg
     rt = runtime.get()
     await _resolve_reply(bot, event)
     drop_foreign_quote(bot, event)
     await fill_forgotten_quote(bot, event)
-    if not account.forwards_hang and await fill_forward(bot, event.original_message):
-        account.forwards_hang = True
+    await _fill_forward(bot, account, event)
     asks = addresses_bot(event, bot.self_id, rt.nicknames) and not another_account(bot, event.user_id)
     _, msg = await record_message(bot, event, addressed=asks, said_at=platform_time(event.time), fetched=True)
     return msg
+
+
+async def _fill_forward(bot: Bot, account: Account, event: MessageEvent) -> None:
+    """The content of a fetched merged forward, unless an ask of this connection's backfill
+    timed out already (then it keeps `[合并转发]` without waiting again)."""
+    from .record import fill_forward
+
+    if not account.forwards_hang and await fill_forward(bot, event.original_message):
+        account.forwards_hang = True
 
 
 async def _resolve_reply(bot: Bot, event: MessageEvent) -> None:

@@ -43,7 +43,7 @@ from nonebot_plugin_memsum import clock, runtime
 from nonebot_plugin_memsum.agent.turn import OWN_SEND
 from nonebot_plugin_memsum.errors import NotStarted, StoreError
 
-from .record import fill_forward_refs, note_refused, peer_of, record_message, record_of
+from .record import fill_forward, fill_forward_refs, note_refused, peer_of, record_message, record_of
 from .render import is_empty, render_segments, segments_of
 from .send import sent_id
 from .sessions import entry_of, group_session_id, private_session_id
@@ -367,6 +367,7 @@ async def record_said(bot: Bot, event: MessageEvent, arrival: Arrival | None) ->
         if mode == "off":
             return
         await fill_forward_refs(bot, event)
+        await fill_forward(bot, event.original_message)  # one the owner sent from another client
         try:
             record, msg = await record_message(bot, event, arrival, by_bot=True)
         except StoreError:  # said in the log already
