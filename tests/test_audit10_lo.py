@@ -28,7 +28,7 @@ from nonebot_plugin_memsum.config import ModelConfig
 from nonebot_plugin_memsum.llm.client import LLMClient, RetryPolicy
 from nonebot_plugin_memsum.llm.errors import LLMRateLimited
 from tests.fakes.botproc import BotProcess
-from tests.fakes.e2e import SELF_ID, connected, group_sid, query, rows, until, wait_log, wait_rows
+from tests.fakes.e2e import SELF_ID, away, back, connected, group_sid, query, rows, until, wait_log, wait_rows
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.onebot import OneBotSim, at, text
 from tests.test_audit8_y import OTHER_PLUGIN, PYPROJECT
@@ -198,23 +198,6 @@ async def test_two_members_messages_under_id_0_are_both_stored_and_a_recall_of_0
         group_sid(group),
     )
     assert [(r[0], r[1]) for r in marks][:2] == [(None, 0), (None, 0)]
-
-
-async def away(bot: BotProcess, sim: OneBotSim) -> None:
-    """bot.py killed: what is said now, the simulator keeps for its history actions."""
-    await bot.kill()
-    await asyncio.wait_for(sim.disconnected.wait(), 15)
-
-
-async def back(bot: BotProcess, sim: OneBotSim, *, restart: bool = True, backfill: bool = True) -> None:
-    """bot.py started again (or only the connection renewed) and its backfill done."""
-    if restart:
-        await bot.start()
-    runs = bot.log().count("memsum: backfill of")
-    await sim.connect()
-    await wait_log(bot, f"Bot {SELF_ID} connected")
-    if backfill:
-        await until(lambda: _true(bot.log().count("memsum: backfill of") > runs), "the backfill")
 
 
 # The backfill under id 0: a fetched message under 0 cannot be told from one stored already

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from tests.fakes.botproc import BotProcess
-from tests.fakes.e2e import SELF_ID, connected, group_sid, rows, until, wait_log, wait_rows
+from tests.fakes.e2e import SELF_ID, away, back, connected, group_sid, rows, until, wait_log, wait_rows
 from tests.fakes.llm_server import ScriptedLLM
 from tests.fakes.onebot import OneBotSim
 from tests.test_audit18_fwdc import LAGRANGE_ANSWER, forward
@@ -243,18 +243,13 @@ async def test_a_hanging_get_forward_msg_costs_the_backfill_one_timeout_not_one_
         sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
         sim.responders["get_forward_msg"] = answer
         try:
-            await sim.connect()
-            await wait_log(bot, f"Bot {SELF_ID} connected")
+            await back(bot, sim, restart=False, backfill=False)
             await sim.group_message(group, 20100, "我先说一句", nickname="辛")
             await wait_rows(bot, sid, 1)
-            await bot.stop()
-            await asyncio.wait_for(sim.disconnected.wait(), 15)
-            await sim.close()
+            await away(bot, sim, stop=bot.stop)
             for i in range(4):  # kept for the history
                 await sim.group_message(group, 20101 + i, [forward(f"hang-{i}")], nickname=f"转发{i}")
-            await bot.start()
-            await sim.connect()
-            await wait_log(bot, f"Bot {SELF_ID} connected")
+            await back(bot, sim)
             backfilled = await wait_rows(bot, sid, 5, within=60)
             asked = [c.params["id"] for c in sim.calls if c.action == "get_forward_msg"]
             # A live forward still asks, and gets its record.

@@ -20,9 +20,8 @@ from typing import Any
 import pytest
 
 from tests.fakes.botproc import BotProcess
-from tests.fakes.e2e import SELF_ID, connected, group_sid, rows, wait_rows
+from tests.fakes.e2e import SELF_ID, away, back, connected, group_sid, rows, wait_rows
 from tests.fakes.onebot import OneBotSim
-from tests.test_audit10_lo import away, back
 from tests.test_audit18_fwd2 import napcat_forward_sent
 from tests.test_audit18_fwdc import LAGRANGE_ANSWER, forward
 

@@ -23,7 +23,7 @@ import pytest
 
 from nonebot_plugin_memsum.onebot.render import FORWARD_CHARS
 from tests.fakes.botproc import BotProcess
-from tests.fakes.e2e import SELF_ID, connected, group_sid, wait_log, wait_rows
+from tests.fakes.e2e import SELF_ID, away, back, connected, group_sid, wait_rows
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.onebot import (
     FORWARD_ACTIONS,
@@ -273,19 +273,14 @@ async def test_a_forward_said_while_the_bot_was_away_is_fetched_by_the_backfill(
         sim = OneBotSim(bot.ws_url, self_id=SELF_ID, access_token=bot.access_token)
         sim.responders["get_forward_msg"] = lambda p: LAGRANGE_ANSWER
         try:
-            await sim.connect()
-            await wait_log(bot, f"Bot {SELF_ID} connected")
+            await back(bot, sim, restart=False, backfill=False)
             await sim.group_message(group, 20041, "我先说一句", nickname="辛")
             await wait_rows(bot, sid, 1)
-            await bot.stop()
-            await asyncio.wait_for(sim.disconnected.wait(), 15)
-            await sim.close()
+            await away(bot, sim, stop=bot.stop)
             await sim.group_message(
                 group, 20042, [forward("lagrange-res")], nickname="壬"
             )  # kept for the history
-            await bot.start()
-            await sim.connect()
-            await wait_log(bot, f"Bot {SELF_ID} connected")
+            await back(bot, sim)
             rows = await wait_rows(bot, sid, 2, within=30)
         finally:
             await sim.close()

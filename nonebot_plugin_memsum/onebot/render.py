@@ -170,8 +170,9 @@ def _node(node: Any) -> tuple[str, list[tuple[str, Mapping[str, Any]]]]:
 def forward_ref(node: Any) -> str | None:
     """The message id a sent `node` names instead of holding its content (OneBot v11 `node`
     {id}); None for a node with content."""
-    data = _mapping(_mapping(node).get("data"))
-    if _mapping(node).get("type") != "node" or "content" in data or not data.get("id"):
+    node = _mapping(node)
+    data = _mapping(node.get("data"))
+    if node.get("type") != "node" or "content" in data or not data.get("id"):
         return None
     return str(data["id"])
 

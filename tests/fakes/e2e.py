@@ -88,6 +88,28 @@ async def restart(bot: BotProcess, sim: OneBotSim, stop: Callable[[], Awaitable[
     await wait_log(bot, f"Bot {sim.self_id} connected")
 
 
+async def away(bot: BotProcess, sim: OneBotSim, stop: Callable[[], Awaitable[int]] | None = None) -> None:
+    """bot.py down (`stop`; killed by default): what is said now, the simulator keeps for its
+    history actions."""
+    await (stop or bot.kill)()
+    await asyncio.wait_for(sim.disconnected.wait(), 15)
+
+
+async def back(bot: BotProcess, sim: OneBotSim, *, restart: bool = True, backfill: bool = True) -> None:
+    """bot.py started again (or only the connection renewed) and its backfill done."""
+    if restart:
+        await bot.start()
+    runs = bot.log().count("memsum: backfill of")
+    await sim.connect()
+    await wait_log(bot, f"Bot {sim.self_id} connected")
+
+    async def backfilled() -> bool:
+        return bot.log().count("memsum: backfill of") > runs
+
+    if backfill:
+        await until(backfilled, "the backfill")
+
+
 def _query(db: Path, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
     # Read-only, so a test can never change what the bot stored.
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
