@@ -199,6 +199,9 @@ class Config(BaseModel):
     memsum_timezone: str | None = None
     """IANA zone (e.g. `Asia/Shanghai`) where the days of /用量 and /限额 begin, and of the times
     /摘要, /回忆, the recall tool and the web page show; default: the system's."""
+    memsum_date_in_prompt: bool = False
+    """Tell the model today's date and the part of the day (`agent.prompt.now_line`), as a
+    system part after the persona."""
     memsum_error_reply: str = "抱歉，我这边出了点问题，请稍后再试。"
     """What the bot says in chat when a turn fails (details go to the log only); empty: nothing."""
     memsum_db_path: Path | None = None

@@ -241,7 +241,14 @@ async def build(config: Config, location: Location, nicknames: list[str], superu
     register_todo_tool(tools, todos)
     register_recall_tool(tools, store, estimate_text_tokens, zone_of(config))
     agent = Agent(
-        store=store, client=client, registry=registry, bus=bus, config=config, settings=settings, tools=tools
+        store=store,
+        client=client,
+        registry=registry,
+        bus=bus,
+        config=config,
+        settings=settings,
+        tools=tools,
+        zone=zone_of(config),
     )
     compression = CompressionService(
         store=store,

@@ -14,6 +14,7 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime, tzinfo
 from typing import Any, TypeVar
 
 from nonebot_plugin_memsum.compression.budget import exact
@@ -35,6 +36,25 @@ C = TypeVar("C")
 ANSWERED_LAST = (
     "[通知] 最后一条是你已经发出的回复；它之前到达、你还没有回应的消息请接着回应，没有就只回复 [不回复]。"
 )
+
+
+_WEEKDAYS = "一二三四五六日"
+_PERIODS = ((5, "凌晨"), (8, "早上"), (11, "上午"), (13, "中午"), (17, "下午"), (19, "傍晚"), (24, "晚上"))
+"""(the hour a part of the day ends at, its name)."""
+
+
+def now_line(ts: float, zone: tzinfo | None) -> str:
+    """The system part after the persona that tells the model the date: 「现在是 2026年12月5日
+    星期六 下午（UTC+08:00）。」. The part of the day, not the minute: the line sits before
+    the history, and a line that changed every turn would spoil the providers' prompt
+    cache of the whole history (issue 9); this one changes seven times a day."""
+    at = datetime.fromtimestamp(ts, zone).astimezone(zone)
+    period = next(name for end, name in _PERIODS if at.hour < end)
+    offset = at.strftime("%z")
+    return (
+        f"现在是 {at.year}年{at.month}月{at.day}日 星期{_WEEKDAYS[at.weekday()]} {period}"
+        f"（UTC{offset[:3]}:{offset[3:]}）。"
+    )
 
 
 def contribution_order(contributions: Mapping[str, Sequence[C]], summary: C | None) -> list[tuple[str, C]]:

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
+from datetime import tzinfo
 from typing import Any
 
 from nonebot.log import logger
@@ -55,7 +56,7 @@ from nonebot_plugin_memsum.types import (
 )
 
 from .events import EventBus, Outcome, TurnEnded, TurnStarted, UsageEvent
-from .prompt import Prompt, assemble, contribution_order, cut_text, tools_tokens, trim_budget
+from .prompt import Prompt, assemble, contribution_order, cut_text, now_line, tools_tokens, trim_budget
 from .tools import ToolContext, ToolRegistry
 from .wire import wire_forms
 
@@ -139,6 +140,8 @@ class Agent:
     config: Config
     settings: Settings
     tools: ToolRegistry
+    zone: tzinfo | None = None
+    """The bot's time zone (`MEMSUM_TIMEZONE`, None: the system's), for `now_line`."""
     _locks: KeyedLocks = field(default_factory=KeyedLocks)
     _workers: dict[str, _Worker] = field(default_factory=dict)
     """Sessions with a turn running or queued; a worker leaves when its session is idle."""
@@ -280,8 +283,9 @@ class Agent:
         *,
         without_summary: bool = False,
     ) -> list[str]:
-        """Persona (a layered setting; `persona`: already resolved by the caller), contributions
-        by anchor in registration order, `context` last, the summary last of all (R-INJ-1);
+        """Persona (a layered setting; `persona`: already resolved by the caller), the date
+        when `MEMSUM_DATE_IN_PROMPT` is on (`now_line`), contributions by anchor in
+        registration order, `context` last, the summary last of all (R-INJ-1);
         `without_summary`: for a turn the provider's content review refused with it."""
         if persona is None:
             resolved = await self.settings.effective(
@@ -289,6 +293,8 @@ class Agent:
             )
             persona = str(resolved.value)
         parts = [persona]
+        if self.config.memsum_date_in_prompt:
+            parts.append(now_line(clock.now(), self.zone))
         for anchor, fn in contribution_order(self._contributions, self._summary):
             if without_summary and fn is self._summary:
                 continue
