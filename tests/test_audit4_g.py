@@ -39,9 +39,13 @@ async def _until(check: Any, within: float = 10) -> None:
 
 
 async def test_the_readme_example_runs_as_written(
-    llm: ScriptedLLM, capsys: pytest.CaptureFixture[str]
+    llm: ScriptedLLM, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # README 给其他插件用, line for line (fetch_weather_text is the reader's own function).
+    # The runtime is every nonebug test's: its contributions are as they were afterwards.
+    agent = runtime.get().agent
+    monkeypatch.setattr(agent, "_contributions", {k: list(v) for k, v in agent._contributions.items()})
+
     async def fetch_weather_text() -> str:
         return "今天晴"
 

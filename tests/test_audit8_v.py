@@ -20,10 +20,11 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.botproc import BotProcess, free_port
+from tests.fakes.botproc import BotProcess
 from tests.fakes.e2e import connected, group_sid, query, until, wait_log
 from tests.fakes.llm_server import Gate, Reply, ScriptedLLM
 from tests.fakes.onebot import SEND_ACTIONS, OneBotSim, as_segments, at, plain_text, text
+from tests.fakes.ports import free_port
 
 PERSONA = "你是审计八 v 群里的助手小记。"
 OWNER = 10001  # a SUPERUSER of BotProcess

@@ -2,7 +2,6 @@
 
 import asyncio
 import json
-import socket
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -29,6 +28,7 @@ from nonebot_plugin_memsum.llm.errors import (
 from nonebot_plugin_memsum.types import ToolCall
 from tests.fakes.llm_server import API_KEY, Reply, ScriptedLLM
 from tests.fakes.logs import captured
+from tests.fakes.ports import free_port
 
 MESSAGES = [
     {"role": "system", "content": "你是群聊里的 AI 助手。"},
@@ -391,16 +391,10 @@ def test_status_classes() -> None:
 # --- errors of the connection ---------------------------------------------------------
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def test_connection_refused_is_retried_then_fails(
     client: LLMClient, sleeps: Sleeps, logs: list[str]
 ) -> None:
-    url = f"http://127.0.0.1:{_closed_port()}/v1"
+    url = f"http://127.0.0.1:{free_port()}/v1"
     dead = ModelConfig.model_validate(
         {"id": "dead/model", "base_url": url, "api_key": API_KEY, "context_window": 8000}
     )

@@ -26,6 +26,7 @@ from nonebot_plugin_memsum.store.migrate import TABLES, MigrateError, migrate
 from nonebot_plugin_memsum.types import CompressionRecord, Message, SessionRecord, ToolCall
 from tests.fakes.pgdb import raw
 from tests.fakes.pgserver import PASSWORD, PgServer
+from tests.fakes.ports import free_port
 from tests.fakes.service import GROUP, Env, seed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -255,11 +256,7 @@ async def test_a_bad_argument_or_unreachable_server_is_one_line_without_the_pass
 ) -> None:
     path = tmp_path / "memsum.db"
     await _big_file(path, 10)
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = s.getsockname()[1]  # nothing listens once it is closed
+    closed = free_port()  # nothing listens there
     fields = {
         "url": pg_server.url(),
         "missing": tmp_path / "none.db",

@@ -16,11 +16,12 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Self
+
+from tests.fakes.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BOT_PY = REPO / "bot.py"
@@ -45,12 +46,6 @@ class BotExitedError(Exception):
         super().__init__(f"bot.py exited with {returncode}; log tail:\n{tail}")
         self.returncode = returncode
         self.log = log
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _dotenv_value(value: str) -> str:

@@ -18,7 +18,6 @@ import importlib.util
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -27,14 +26,10 @@ from pathlib import Path
 from typing import Self
 from urllib.parse import urlsplit, urlunsplit
 
+from tests.fakes.ports import free_port
+
 USER = "memsum"
 PASSWORD = "memsum-test-pw"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _bin_dir() -> Path:
@@ -102,7 +97,7 @@ class PgServer:
             ]
         )
         pwfile.unlink()
-        self.port = _free_port()
+        self.port = free_port()
         log = open(self._dir / "server.log", "ab")
         self._proc = subprocess.Popen(
             self._as_user(

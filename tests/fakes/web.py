@@ -5,7 +5,6 @@ and a group whose memory holds a summary, a compression, usage and a member's HT
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,6 +21,7 @@ from nonebot_plugin_memsum.runtime import Runtime
 from nonebot_plugin_memsum.types import Message
 from nonebot_plugin_memsum.web.app import create_app
 from tests.fakes.llm_server import Reply, ScriptedLLM
+from tests.fakes.ports import free_port
 
 TOKEN = "web-test-token-0123456789abcdef"
 SELF_ID = 10000
@@ -60,12 +60,6 @@ class WebEnv:
     base: str
     """The page's address, ending in /memsum."""
     app: FastAPI
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @asynccontextmanager
