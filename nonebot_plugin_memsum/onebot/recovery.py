@@ -123,12 +123,14 @@ def as_event_payload(raw: Mapping[str, Any], kind: str, self_id: str, target: in
     if raw.get("sender") is None:
         return None
     payload: dict[str, Any] = {
-        "post_type": "message",
         "message_type": kind,
         "sub_type": "normal" if kind == "group" else "friend",
         "font": 0,
         "raw_message": "",
         **raw,
+        # NapCat and LLOneBot give the account's own messages `message_sent`, which the
+        # adapter has no message model for: those are what the owner typed on another client.
+        "post_type": "message",
         "self_id": int(self_id),
     }
     payload.setdefault("user_id", (raw.get("sender") or {}).get("user_id"))
@@ -136,6 +138,10 @@ def as_event_payload(raw: Mapping[str, Any], kind: str, self_id: str, target: in
     payload.setdefault("time", 0)
     if kind == "group":
         payload["group_id"] = target
+    elif str(payload.get("user_id")) == self_id:
+        # The account's own words in the peer's history are to the peer (record.peer_of);
+        # NapCat's history gives them no `target_id`.
+        payload["target_id"] = target
     if payload.get("user_id") is None:
         return None
     return payload

@@ -756,8 +756,10 @@ class OneBotSim:
     # src/onebot/action/go-cqhttp/GetGroupMsgHistory.ts, GetFriendMsgHistory.ts): `count`
     # (default 20) of the latest messages, or of those up to `message_seq` when given;
     # `{"messages": [...]}`, each message as its event, oldest first, the bot's own messages
-    # included. NapCat reverses the list whatever `reverseOrder` says, so `reverse_history`
-    # answers newest first. `history_like` answers as another implementation does (below).
+    # included, as `parseMessage` makes them (packages/napcat-onebot/api/msg.ts
+    # `initializeMessage`): `post_type: "message_sent"`, and no `target_id` in a private chat.
+    # NapCat reverses the list whatever `reverseOrder` says, so `reverse_history` answers
+    # newest first. `history_like` answers as another implementation does (below).
     reverse_history: bool = False
 
     def _history(
@@ -769,6 +771,7 @@ class OneBotSim:
         *,
         newest_first: bool = False,
         post_type: bool = True,
+        own_sent: bool = True,
     ) -> dict[str, Any]:
         ids = self._places.get((kind, place), [])
         if anchor:
@@ -777,6 +780,8 @@ class OneBotSim:
         for m in (self.messages[mid] for mid in ids[-count:]):
             extra = {"group_id": m.group_id, "anonymous": None} if kind == "group" else {}
             item = self._event_of(m, sub_type="normal" if kind == "group" else "friend", extra=extra)
+            if own_sent and item["user_id"] == self.self_id:
+                item.update(post_type="message_sent", message_sent_type="self")
             if not post_type:
                 del item["post_type"]
             items.append({**item, "message_seq": m.message_id, "real_id": m.message_id})
@@ -869,7 +874,8 @@ def _default_nickname(user_id: int) -> str:
 # src/onebot11/action/llonebot/GetFriendMsgHistory.ts): `group_id` / `user_id`, the anchor
 # `message_seq` (the friend action also takes `message_id`), absent or "0" = the latest,
 # `count` (default 20), `reverseOrder` (default false: oldest first); no message at all
-# fails with 「未找到消息」.
+# fails with 「未找到消息」. The account's own messages are `message_sent` as in NapCat
+# (src/onebot11/entities.ts).
 def _llonebot_history(sim: OneBotSim, params: dict[str, Any], *, kind: str) -> dict[str, Any]:
     place = int(params["group_id"] if kind == "group" else params["user_id"])
     anchor = (
@@ -887,13 +893,18 @@ def _llonebot_history(sim: OneBotSim, params: dict[str, Any], *, kind: str) -> d
 # OneBotGroupMsgHistory.cs, Core/Operation/Message/GetGroupMessageHistoryOperation.cs,
 # GetFriendMessageHistoryOperation.cs): `group_id` / `user_id`, the anchor `message_id`
 # (0 = the latest), `count` (default 20) for a group; a friend's history is always the
-# last 20 (`GetRoamMessage(chain, 20)`), whatever `count` says.
+# last 20 (`GetRoamMessage(chain, 20)`), whatever `count` says. Every message is a
+# `post_type: "message"` (OneBotPrivateMsg.cs, OneBotGroupMsg.cs), the account's own too.
 def _lagrange_history(sim: OneBotSim, params: dict[str, Any], *, kind: str) -> dict[str, Any]:
     if kind == "group":
         return sim._history(
-            kind, int(params["group_id"]), int(params.get("count") or 20), params.get("message_id")
+            kind,
+            int(params["group_id"]),
+            int(params.get("count") or 20),
+            params.get("message_id"),
+            own_sent=False,
         )
-    return sim._history(kind, int(params["user_id"]), 20, params.get("message_id"))
+    return sim._history(kind, int(params["user_id"]), 20, params.get("message_id"), own_sent=False)
 
 
 # go-cqhttp (Mrs4s/go-cqhttp coolq/api.go CQGetGroupMessageHistory): `group_id` and
