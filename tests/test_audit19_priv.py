@@ -207,6 +207,17 @@ def gocq_sent(message_id: int, peer: int, words: str) -> dict[str, Any]:
     }
 
 
+# Lagrange.OneBot (v1 Lagrange.OneBot/Message/MessageService.cs `OnFriendMessageReceived` with
+# Message:IgnoreSelf off, `ConvertToPrivateMsg`) reports it as a plain `message` of the account,
+# `target_id` the peer: to the adapter a private message, which asks the bot.
+def lagrange_self(message_id: int, peer: int, words: str) -> dict[str, Any]:
+    return {
+        **gocq_sent(message_id, peer, words),
+        "post_type": "message",
+        "sender": {"user_id": SELF_ID, "nickname": "小记", "sex": "unknown", "age": -1},
+    }
+
+
 def napcat_temp_sent(message_id: int, peer: int, words: str) -> dict[str, Any]:
     payload = napcat_temp(message_id, SELF_ID, 284840486, words)
     payload.update(post_type="message_sent", message_sent_type="self", target_id=peer)
@@ -222,7 +233,11 @@ async def test_the_owners_words_from_another_client_are_the_bots_once_and_other_
     await sim.send_event(gocq_sent(89101, friend, "周六的聚会改到周日了"))
     await sim.send_event(gocq_sent(89101, friend, "周六的聚会改到周日了"))  # reported twice
     await sim.send_event(napcat_temp_sent(89102, temp, "你好，群里说的事我看到了"))
-    assert await settled(bot, private_sid(friend), 1) == [("assistant", "周六的聚会改到周日了")]
+    await sim.send_event(lagrange_self(89104, friend, "记得带伞"))
+    assert await settled(bot, private_sid(friend), 2) == [
+        ("assistant", "周六的聚会改到周日了"),
+        ("assistant", "记得带伞"),
+    ]
     assert await settled(bot, private_sid(temp), 1) == [("assistant", "你好，群里说的事我看到了")]
     # Never a question of a member: nothing asked the model, nothing sent, no session of the
     # bot with itself nor of the fallback group.
