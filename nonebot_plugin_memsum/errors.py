@@ -11,6 +11,7 @@
     │   ├── ClearedMeanwhile      not stored: the context was cleared since the turn read it
     │   └── SchemaTooNewError     the file was written by a newer version of the plugin
     ├── NoChatModel               no chat-capable model is configured
+    ├── NotDelivered              the platform says a message did not go out (a muted bot, a group it left)
     ├── CompressionError          a compression did not happen; `reason` is for the user
     │   └── CompressionCancelled  a clear (R-MEM-3) or the shutdown stopped it: no failure
     └── LLMError                  a model request failed (llm/errors.py)
@@ -123,6 +124,12 @@ class SchemaTooNewError(StoreError):
 
 class NoChatModel(MemsumError):
     """No chat-capable model is configured."""
+
+
+class NotDelivered(MemsumError):
+    """The platform answered that a message did not go out (the bot muted, removed from the
+    group, no connection came back): a reply function raises it, and the turn then does not
+    remember its answer as said. Any other failure of a send may have delivered it."""
 
 
 class CompressionError(MemsumError):

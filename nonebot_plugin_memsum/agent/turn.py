@@ -25,7 +25,13 @@ from nonebot.log import logger
 from nonebot_plugin_memsum import clock
 from nonebot_plugin_memsum.compression.budget import compression_line
 from nonebot_plugin_memsum.config import Config, ModelConfig
-from nonebot_plugin_memsum.errors import ClearedMeanwhile, NoChatModel, StoreError, TurnInProgress
+from nonebot_plugin_memsum.errors import (
+    ClearedMeanwhile,
+    NoChatModel,
+    NotDelivered,
+    StoreError,
+    TurnInProgress,
+)
 from nonebot_plugin_memsum.llm import (
     ChatResult,
     LLMClient,
@@ -330,13 +336,12 @@ class Agent:
 
     async def _append_answer(
         self, session_id: str, msg: Message, upto: int | None, state: ReplyState
-    ) -> None:
+    ) -> Message:
         """The turn's answer and the mark that it answers everything up to `upto`, in one commit."""
         msg, fence = _estimated(msg), self._fences.get(session_id)
         if upto is None:
-            await self.store.append(session_id, msg, fence)
-            return
-        await self.store.append_marking(session_id, msg, upto, state, fence)
+            return await self.store.append(session_id, msg, fence)
+        return await self.store.append_marking(session_id, msg, upto, state, fence)
 
     async def history_limit(self, session_id: str, entry: Entry) -> int:
         resolved = await self.settings.effective(
@@ -486,16 +491,16 @@ class Agent:
         a crash after the mark never answers them again; one before it leaves them for
         the next start (issue 15: at most once)."""
         if upto is None:
-            await _quietly(reply, text)
+            await _quietly(reply, text, session_id)
             return
         try:
             await self.store.mark_reply(session_id, upto, "sending")
         except StoreError:
             # The database refuses writes (a full disk): the answer goes out unmarked, so a
             # restart may still answer the questions properly; silence would be worse.
-            await _quietly(reply, text)
+            await _quietly(reply, text, session_id)
             return
-        await _quietly(reply, text)
+        await _quietly(reply, text, session_id)
         self.store.mark_sent(session_id, upto)
 
     # ---- the turn ---------------------------------------------------------------
@@ -659,9 +664,11 @@ class Agent:
                 await self._append_answer(session_id, marker, stats.read, "sent")
                 return "silent"
             answer = Message(role="assistant", content=text, ts=clock.now())
-            await self._append_answer(session_id, answer, stats.read, "sending")
-            if reply is not None:
-                await _quietly(reply, text)
+            answer = await self._append_answer(session_id, answer, stats.read, "sending")
+            if reply is not None and not await _quietly(reply, text, session_id) and answer.id is not None:
+                # The group never saw it (the bot muted, say): read back as withdrawn, not as
+                # said. Its questions stay answered: sending again would fail again.
+                await self.store.mark_unsent(session_id, answer.id)
             if stats.read is not None:
                 self.store.mark_sent(session_id, stats.read)
             return "replied"
@@ -869,13 +876,16 @@ def _estimated(msg: Message) -> Message:
     return replace(msg, tokens=estimate_msg_tokens(msg, keep=False))
 
 
-async def _quietly(reply: ReplyFn, text: str) -> None:
-    """Sending may fail (the connection dropped); what was said is already stored. Nothing
+async def _quietly(reply: ReplyFn, text: str, session_id: str) -> bool:
+    """Sending may fail (the connection dropped); what was said is already stored. False
+    when the platform said it did not go out (NotDelivered), with one WARNING line. Nothing
     is sent for a blank text (`MEMSUM_ERROR_REPLY=` empty: say nothing when a turn fails)."""
     if not text.strip():
-        return
+        return True
     try:
         with own_send():
             await reply(text)
     except Exception as err:
-        logger.warning(f"memsum: could not send a reply: {type(err).__name__}: {err}")
+        logger.warning(f"memsum: could not send a reply to {session_id}: {type(err).__name__}: {err}")
+        return not isinstance(err, NotDelivered)
+    return True

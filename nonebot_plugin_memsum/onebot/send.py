@@ -8,14 +8,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nonebot import get_bots
-from nonebot.adapters.onebot.v11 import Bot, GroupMessageEvent, MessageEvent, MessageSegment
+from nonebot.adapters.onebot.v11 import ActionFailed, Bot, GroupMessageEvent, MessageEvent, MessageSegment
 from nonebot.exception import ApiNotAvailable, WebSocketClosed
 from nonebot.log import logger
 
 from nonebot_plugin_memsum import runtime
 from nonebot_plugin_memsum.agent.turn import ReplyFn, own_send
 from nonebot_plugin_memsum.compression import request
-from nonebot_plugin_memsum.errors import StoreError
+from nonebot_plugin_memsum.errors import NotDelivered, StoreError
 
 from .record import record_of
 
@@ -50,6 +50,8 @@ def replier(bot: Bot, event: MessageEvent) -> ReplyFn:
 async def send_reply(bot: Bot, event: MessageEvent, text: str, *, quote: bool = False) -> str | None:
     """Plain text; in groups a long text goes out as a merged-forward message. Returns the
     platform id of what went out (the first part of a long one), when the implementation says.
+    NotDelivered when nothing went out: the implementation refused it (muted, not in the group)
+    or the account had no connection within MEMSUM_RESUME_WINDOW.
 
     `quote`: the answer quotes the message it answers, so a busy group sees to whom.
     What goes out here is the plugin's own: an answer is stored by its turn, and the rest
@@ -87,9 +89,26 @@ async def _send(bot: Bot, event: MessageEvent, text: str, *, quote: bool) -> str
     first: str | None = None
     for i, part in enumerate(split_text(text, PLAIN_PART)):
         message = MessageSegment.reply(event.message_id) + part if quote and i == 0 else part
-        sent = await _deliver(bot, lambda b, message=message: b.send(event, message))
+        try:
+            sent = await _deliver(bot, lambda b, message=message: b.send(event, message))
+        except (ActionFailed, *NOT_SENT) as err:
+            if i:
+                raise  # its first parts went out
+            raise NotDelivered(refusal(err)) from err
         first = sent_id(sent) if i == 0 else first
     return first
+
+
+def refusal(err: Exception) -> str:
+    """A failed send, on one line: the implementation's retcode and words (NapCat's run over
+    several lines), or that there was no connection."""
+    if not isinstance(err, ActionFailed):
+        return f"no connection ({type(err).__name__})"
+    info = err.info
+    words = " ".join(str(info.get("wording") or info.get("message") or info.get("msg") or "").split())
+    return (
+        f"the implementation refused it (retcode {info.get('retcode')}{': ' + words[:300] if words else ''})"
+    )
 
 
 def sent_id(result: object) -> str | None:

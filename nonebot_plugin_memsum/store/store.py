@@ -405,6 +405,15 @@ class Tx:
                     "UPDATE messages SET content = ?, tokens = NULL WHERE id = ?", (masked, msg_id)
                 )
 
+    async def mark_unsent(self, session_id: str, msg_id: int) -> None:
+        """The session's answer stored as message `msg_id` never reached the chat (the platform
+        refused the send): read back as withdrawn (`mark_withdrawn`), not as said. It had no
+        platform id, so nothing quotes it."""
+        self._touched.add(session_id)
+        await self._write(
+            "UPDATE messages SET withdrawn = 1 WHERE session_id = ? AND id = ?", (session_id, msg_id)
+        )
+
     async def _mark_quotes_withdrawn(
         self, session_id: str, platform_id: str, after: int | None
     ) -> list[Message]:
@@ -1313,6 +1322,10 @@ class Store:
     async def mark_withdrawn(self, session_id: str, platform_id: str, mask: RecallMask | None = None) -> None:
         async with self.transaction() as tx:
             await tx.mark_withdrawn(session_id, platform_id, mask)
+
+    async def mark_unsent(self, session_id: str, msg_id: int) -> None:
+        async with self._statement() as tx:
+            await tx.mark_unsent(session_id, msg_id)
 
     async def session_of_platform_id(self, prefix: str, platform_id: str) -> str | None:
         async with self._statement() as tx:

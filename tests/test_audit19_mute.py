@@ -1,0 +1,229 @@
+"""Audit 19 (mute): the QQ side refuses or fails the bot.
+
+- Muted in a group (its own group_ban, or the whole group's), a member asks: the send fails.
+  One attempt, one log line, no traceback; the answer that never reached the group is not
+  remembered as said (the model reads it as withdrawn); the turn's usage is counted; once
+  the mute is lifted the bot answers as before.
+- Kicked (group_decrease kick_me) or the group disbanded: later connects do not ask that
+  group's history (nor count it against the backfill's probes), nor answer its questions;
+  its memory stays.
+- A failed send and then the connection dropped: the reconnect does not answer again.
+- send_group_msg never answered: the turn ends at the adapter's API timeout, the next
+  question is answered, nothing is stored twice; a merged forward that timed out is not sent
+  again as plain text.
+
+bot.py as a subprocess, the OneBot simulator over the real reverse WebSocket, the scripted
+model on real HTTP; what the bot stored is read from its SQLite file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+from nonebot_plugin_memsum.types import WITHDRAWN_TEXT
+from tests.fakes.botproc import BotProcess
+from tests.fakes.e2e import SELF_ID, connected, group_sid, query, until
+from tests.fakes.llm_server import Reply, ScriptedLLM
+from tests.fakes.onebot import (
+    FORWARD_ACTIONS,
+    SEND_ACTIONS,
+    ActionFailedError,
+    OneBotSim,
+    at,
+    plain_text,
+    text,
+)
+
+pytestmark = pytest.mark.e2e
+
+PERSONA = "你是禁言测试群里的助手小记。"
+API_TIMEOUT = 2.0
+"""NoneBot's API_TIMEOUT: how long the adapter waits for an API call's answer."""
+
+# What a send into a group the account cannot speak in answers, by implementation:
+# - NapCat (src/onebot/action/OneBotAction.ts `websocketHandle`: status "failed", retcode 1200,
+#   `message` and `wording` the error's text). The error is the NT kernel's sendMsg result, as
+#   NapNeko/NapCatQQ issue #600 shows it for a group the account was removed from (result 110,
+#   「发送失败，你已被移出该群，请重新加群。」) and issue #199 for a muted account; QQ's result
+#   for a muted sender is 120 (mamoe/mirai issue #168, takayama-lily/node-onebot issue #33).
+NAPCAT_MUTED = (
+    "EventChecker Failed: NTEvent serviceAndMethod:NodeIKernelMsgService/sendMsg"
+    ' ListenerName:NodeIKernelMsgListener/onMsgInfoListUpdate EventRet:\n{\n    "result": 120,\n'
+    '    "errMsg": ""\n}\n'
+)
+NAPCAT_KICKED = NAPCAT_MUTED.replace('"result": 120', '"result": 110').replace(
+    '"errMsg": ""', '"errMsg": "发送失败，你已被移出该群，请重新加群。"'
+)
+# - Lagrange (Lagrange.OneBot/Core/Operation/Message/SendGroupMessageOperation.cs): no sequence
+#   back → `new OneBotResult(null, (int)result.Result, "failed")`, the retcode QQ's result (120).
+LAGRANGE_MUTED = (120, "")
+# - go-cqhttp (coolq/api.go `CQSendGroupMessage`): `Failed(100, "SEND_MSG_API_ERROR",
+#   "请参考 go-cqhttp 端输出")` when the message id comes back -1 (muted, or risk control).
+GOCQ_FAILED = (100, "请参考 go-cqhttp 端输出")
+
+
+@pytest.fixture(scope="module")
+async def bot(tmp_path_factory: pytest.TempPathFactory, llm: ScriptedLLM) -> AsyncIterator[BotProcess]:
+    env = {
+        "MEMSUM_MODELS": json.dumps([llm.model_config()]),
+        "MEMSUM_PERSONA": PERSONA,
+        "API_TIMEOUT": str(API_TIMEOUT),
+    }
+    async with BotProcess(tmp_path_factory.mktemp("mute"), env=env, log_level="INFO") as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+async def sim(bot: BotProcess) -> AsyncIterator[OneBotSim]:
+    async with connected(bot) as s:
+        yield s
+
+
+@pytest.fixture(autouse=True)
+def fresh_model(llm: ScriptedLLM) -> Iterator[None]:
+    llm.reset()
+    llm.on_request(lambda body: None if is_chat(body) else Reply("【最近在聊什么】\n闲聊"))
+    try:
+        yield
+    finally:
+        llm.reset()
+
+
+def is_chat(body: dict[str, Any]) -> bool:
+    return body["messages"][0] == {"role": "system", "content": PERSONA}
+
+
+class Muted:
+    """Send actions into the muted groups fail as `failure` (retcode, message) says; the
+    rest go through the simulator's own responders."""
+
+    def __init__(self, sim: OneBotSim, failure: tuple[int, str]) -> None:
+        self.groups: set[int] = set()
+        self.failure = failure
+        for action in (*SEND_ACTIONS, *FORWARD_ACTIONS):
+            sim.responders[action] = self._wrap(sim.responders[action])
+
+    def _wrap(self, inner: Any) -> Any:
+        def respond(params: dict[str, Any]) -> Any:
+            if int(params.get("group_id") or 0) in self.groups:
+                raise ActionFailedError(*self.failure)
+            return inner(params)
+
+        return respond
+
+
+@pytest.fixture
+def muted(sim: OneBotSim) -> Iterator[Muted]:
+    saved = dict(sim.responders)
+    try:
+        yield Muted(sim, (1200, NAPCAT_MUTED))
+    finally:
+        sim.responders.clear()
+        sim.responders.update(saved)
+
+
+def sends_to(sim: OneBotSim, group: int, mark: int) -> list[str]:
+    """What the bot tried to send into the group since call `mark` (forwards as one text)."""
+    return [
+        plain_text(c.params.get("message") or c.params.get("messages") or "")
+        for c in sim.calls[mark:]
+        if c.action in SEND_ACTIONS | FORWARD_ACTIONS and int(c.params.get("group_id") or 0) == group
+    ]
+
+
+async def turn_ended(bot: BotProcess, sid: str, n: int) -> None:
+    """Until the session's `n`-th turn logged its line."""
+
+    async def ended() -> bool:
+        return bot.log(all_runs=True).count(f"memsum: turn {sid} ") >= n
+
+    await until(ended, f"turn {n} of {sid}", 30)
+
+
+async def messages(bot: BotProcess, sid: str) -> list[tuple[str, str, int]]:
+    sql = "SELECT role, content, withdrawn FROM messages WHERE session_id = ? ORDER BY id"
+    return [(str(r[0]), str(r[1]), int(r[2])) for r in await query(bot.db_path, sql, sid)]
+
+
+async def chat_usage(bot: BotProcess, sid: str) -> int:
+    """The session's chat rows in the ledger, once there is one (written within a second)."""
+    count = 0
+
+    async def written() -> bool:
+        nonlocal count
+        sql = "SELECT COUNT(*) FROM ledger WHERE session_id = ? AND purpose = '对话'"
+        count = int((await query(bot.db_path, sql, sid))[0][0])
+        return count > 0
+
+    await until(written, f"the ledger of {sid}")
+    return count
+
+
+def chat_requests(llm: ScriptedLLM) -> list[dict[str, Any]]:
+    return [b for b in list(llm.requests) if is_chat(b)]
+
+
+# ---- 1. muted --------------------------------------------------------------------------
+
+
+async def test_muted_bot_answer_fails_once_is_not_remembered_as_said_and_it_answers_after_the_lift(
+    bot: BotProcess, sim: OneBotSim, llm: ScriptedLLM, muted: Muted
+) -> None:
+    group, sid = 61001, group_sid(61001)
+    sim.add_member(group, 20001, "甲")
+    await sim.notice("group_ban", group_id=group, user_id=SELF_ID, operator_id=20009, duration=600)
+    muted.groups.add(group)
+    llm.push(Reply("禁言中的回答 mq1x"))
+    log_before = bot.log(all_runs=True).count("memsum: could not send")
+    mark = len(sim.calls)
+    await sim.group_message(group, 20001, [at(SELF_ID), text(" 第一个问题")])
+    await turn_ended(bot, sid, 1)
+    await asyncio.sleep(1.0)  # a retry would come now
+
+    assert sends_to(sim, group, mark) == ["禁言中的回答 mq1x"]  # one attempt, no retry
+    log = bot.log(all_runs=True)
+    assert log.count("memsum: could not send") == log_before + 1
+    assert "Traceback" not in log
+    # Counted against the place's usage (and so its daily cap), though nothing went out.
+    assert await chat_usage(bot, sid) == 1
+    # Kept (the owner sees what the model said), but read back as withdrawn: the group never saw it.
+    assert ("assistant", "禁言中的回答 mq1x", 1) in await messages(bot, sid)
+
+    await sim.notice(
+        "group_ban", group_id=group, user_id=SELF_ID, operator_id=20009, sub_type="lift_ban", duration=0
+    )
+    muted.groups.clear()
+    llm.push(Reply("解禁后的回答"))
+    mark = len(sim.calls)
+    await sim.group_message(group, 20001, [at(SELF_ID), text(" 第二个问题")])
+    call = await sim.wait_call(set(SEND_ACTIONS), after=mark)
+    assert plain_text(call.params["message"]) == "解禁后的回答"
+    history = [m.get("content") for m in chat_requests(llm)[-1]["messages"][1:]]
+    assert "禁言中的回答 mq1x" not in history
+    assert history[history.index("[甲(20001)] @小记(10000) 第一个问题") + 1] == WITHDRAWN_TEXT
+
+
+async def test_whole_group_mute_long_answer_tries_forward_and_plain_once_each(
+    bot: BotProcess, sim: OneBotSim, llm: ScriptedLLM, muted: Muted
+) -> None:
+    # 全员禁言 (user_id 0) on Lagrange: the merged forward fails, the plain text too, once each.
+    group, sid = 61002, group_sid(61002)
+    muted.failure = LAGRANGE_MUTED
+    await sim.notice("group_ban", group_id=group, user_id=0, operator_id=20009, duration=-1)
+    muted.groups.add(group)
+    long = "很长的回答。" * 80
+    llm.push(Reply(long))
+    mark = len(sim.calls)
+    await sim.group_message(group, 20002, [at(SELF_ID), text(" 讲讲")])
+    await turn_ended(bot, sid, 1)
+    await asyncio.sleep(1.0)
+
+    tried = [c.action for c in sim.calls[mark:] if c.action in SEND_ACTIONS | FORWARD_ACTIONS]
+    assert tried == ["send_group_forward_msg", "send_msg"]
+    assert ("assistant", long, 1) in await messages(bot, sid)
+    assert "Traceback" not in bot.log(all_runs=True)
