@@ -227,3 +227,34 @@ async def test_whole_group_mute_long_answer_tries_forward_and_plain_once_each(
     assert tried == ["send_group_forward_msg", "send_msg"]
     assert ("assistant", long, 1) in await messages(bot, sid)
     assert "Traceback" not in bot.log(all_runs=True)
+
+
+async def test_muted_bot_over_its_daily_cap_tries_the_notice_once_without_a_traceback(
+    bot: BotProcess, sim: OneBotSim, llm: ScriptedLLM, muted: Muted
+) -> None:
+    group, sid = 61003, group_sid(61003)
+    mark = len(sim.calls)
+    await sim.group_message(group, 10001, "/限额 1")  # the owner (SUPERUSERS)
+    await sim.wait_call(set(SEND_ACTIONS), after=mark)
+    await sim.notice("group_ban", group_id=group, user_id=SELF_ID, operator_id=10001, duration=3600)
+    muted.groups.add(group)
+    llm.push(Reply("超额前的回答"))
+    await sim.group_message(group, 20003, [at(SELF_ID), text(" 问一")])
+    await turn_ended(bot, sid, 1)
+    assert await chat_usage(bot, sid) == 1  # the failed answer's tokens count for the cap
+
+    mark = len(sim.calls)
+    await sim.group_message(group, 20003, [at(SELF_ID), text(" 问二")])  # over the cap: the notice
+    await sim.wait_call(set(SEND_ACTIONS), after=mark)
+    await sim.group_message(group, 20003, [at(SELF_ID), text(" 问三")])  # noticed already: quiet
+    await until(lambda: _stored(bot, sid, "问三"), "the third question stored")
+    await asyncio.sleep(1.0)
+    assert sends_to(sim, group, mark) == ["今天的额度已经用完了，明天再聊吧。"]
+    assert len(chat_requests(llm)) == 1
+    log = bot.log(all_runs=True)
+    assert "Traceback" not in log
+    assert log.count(f"memsum: could not send the cap notice to {sid}") == 1
+
+
+async def _stored(bot: BotProcess, sid: str, words: str) -> bool:
+    return any(words in content for _, content, _ in await messages(bot, sid))

@@ -103,10 +103,7 @@ async def answer_if_allowed(
                 logger.warning(f"memsum: could not check the daily cap of {record.id} again: {err}")
                 return True
             if again == "cap_notice":
-                try:
-                    await replier(bot, event)(CAP_NOTICE)
-                except Exception as err:  # the implementation gone: nothing more to do
-                    logger.warning(f"memsum: could not send the cap notice to {record.id}: {err!r}")
+                await _cap_notice(bot, event, record)
             return again == "answer"
 
         rt.agent.request_turn(
@@ -115,10 +112,18 @@ async def answer_if_allowed(
         return
     logger.debug(f"memsum: not answering message {trigger} of {record.id}: {decision}")
     if decision == "cap_notice":
-        await replier(bot, event)(CAP_NOTICE)
+        await _cap_notice(bot, event, record)
     # No turn ends for it: judged as the turn it would have been, as a 仅记录 place's
     # messages are, so the cap never stops the memory's compression (issue 10).
     await rt.compression.judge_recorded(record.id, entry_of(record))
+
+
+async def _cap_notice(bot: Bot, event: MessageEvent, record: SessionRecord) -> None:
+    """The day's one cap notice; noted as sent already, so a failed one is not tried again."""
+    try:
+        await replier(bot, event)(CAP_NOTICE)
+    except Exception as err:  # the bot muted there, the implementation gone: nothing more to do
+        logger.warning(f"memsum: could not send the cap notice to {record.id}: {type(err).__name__}: {err}")
 
 
 def _asks(bot: Bot, event: GroupMessageEvent | PrivateMessageEvent) -> bool:
