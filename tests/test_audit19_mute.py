@@ -27,7 +27,7 @@ import pytest
 
 from nonebot_plugin_memsum.types import WITHDRAWN_TEXT
 from tests.fakes.botproc import BotProcess
-from tests.fakes.e2e import SELF_ID, connected, group_sid, query, until
+from tests.fakes.e2e import SELF_ID, back, connected, group_sid, query, restart, until
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.onebot import (
     FORWARD_ACTIONS,
@@ -136,6 +136,19 @@ def sends_to(sim: OneBotSim, group: int, mark: int) -> list[str]:
     ]
 
 
+async def sends_of_a_long_answer(
+    bot: BotProcess, sim: OneBotSim, llm: ScriptedLLM, group: int, long: str
+) -> list[str]:
+    """The send actions the bot called for a member's question the model answers with `long`
+    (over MEMSUM_FORWARD_THRESHOLD: a merged forward first), once its turn ended."""
+    llm.push(Reply(long))
+    mark = len(sim.calls)
+    await sim.group_message(group, 20002, [at(SELF_ID), text(" 详细说说")])
+    await turn_ended(bot, group_sid(group), 1)
+    await asyncio.sleep(1.0)  # a copy would come now
+    return [c.action for c in sim.calls[mark:] if c.action in SEND_ACTIONS | FORWARD_ACTIONS]
+
+
 async def turn_ended(bot: BotProcess, sid: str, n: int) -> None:
     """Until the session's `n`-th turn logged its line."""
 
@@ -217,14 +230,7 @@ async def test_whole_group_mute_long_answer_tries_forward_and_plain_once_each(
     await sim.notice("group_ban", group_id=group, user_id=0, operator_id=20009, duration=-1)
     muted.groups.add(group)
     long = "很长的回答。" * 80
-    llm.push(Reply(long))
-    mark = len(sim.calls)
-    await sim.group_message(group, 20002, [at(SELF_ID), text(" 讲讲")])
-    await turn_ended(bot, sid, 1)
-    await asyncio.sleep(1.0)
-
-    tried = [c.action for c in sim.calls[mark:] if c.action in SEND_ACTIONS | FORWARD_ACTIONS]
-    assert tried == ["send_group_forward_msg", "send_msg"]
+    assert await sends_of_a_long_answer(bot, sim, llm, group, long) == ["send_group_forward_msg", "send_msg"]
     assert ("assistant", long, 1) in await messages(bot, sid)
     assert "Traceback" not in bot.log(all_runs=True)
 
@@ -258,3 +264,117 @@ async def test_muted_bot_over_its_daily_cap_tries_the_notice_once_without_a_trac
 
 async def _stored(bot: BotProcess, sid: str, words: str) -> bool:
     return any(words in content for _, content, _ in await messages(bot, sid))
+
+
+# ---- 3. a failed send, then the connection gone ---------------------------------------
+
+
+async def test_a_question_whose_answer_failed_is_not_answered_again_on_reconnect_or_restart(
+    bot: BotProcess, sim: OneBotSim, llm: ScriptedLLM, muted: Muted
+) -> None:
+    # go-cqhttp's failure, and the implementation drops the connection right after it.
+    group, sid = 61004, group_sid(61004)
+    muted.failure = GOCQ_FAILED
+    muted.groups.add(group)
+    dropped: list[asyncio.Task[None]] = []
+    refuse = sim.responders["send_msg"]
+
+    def refuse_and_drop(params: dict[str, Any]) -> Any:
+        if not dropped:
+            dropped.append(asyncio.get_running_loop().create_task(_drop_soon(sim)))
+        return refuse(params)
+
+    sim.responders["send_msg"] = refuse_and_drop
+    llm.push(Reply("发不出去的回答"))
+    mark = len(sim.calls)
+    await sim.group_message(group, 20004, [at(SELF_ID), text(" 在吗")])
+    await asyncio.wait_for(sim.disconnected.wait(), 15)
+    await turn_ended(bot, sid, 1)
+
+    await back(bot, sim, restart=False)  # reconnected, the backfill and the resume done
+    await asyncio.sleep(1.0)  # a second answer would come now
+    await restart(bot, sim)
+    await until(lambda: _backfilled(bot), "the backfill after the restart")
+    await asyncio.sleep(1.0)
+
+    assert sends_to(sim, group, mark) == ["发不出去的回答"]
+    assert len(chat_requests(llm)) == 1
+    assert [m for m in await messages(bot, sid) if m[0] == "assistant"] == [
+        ("assistant", "发不出去的回答", 1)
+    ]
+
+
+async def _drop_soon(sim: OneBotSim) -> None:
+    await asyncio.sleep(0.2)  # after the failure went back
+    await sim.close()
+
+
+async def _backfilled(bot: BotProcess) -> bool:
+    return "memsum: backfill of" in bot.log()
+
+
+# ---- 4. a send the implementation never answers ---------------------------------------
+
+
+@pytest.fixture
+def hanging(sim: OneBotSim) -> Iterator[set[str]]:
+    """The send actions named in the set never answer, until the test ends."""
+    saved = dict(sim.responders)
+    actions: set[str] = set()
+    released = asyncio.Event()
+
+    def wrap(action: str, inner: Any) -> Any:
+        async def respond(params: dict[str, Any]) -> Any:
+            if action in actions:
+                await released.wait()
+            return inner(params)
+
+        return respond
+
+    for action in (*SEND_ACTIONS, *FORWARD_ACTIONS):
+        sim.responders[action] = wrap(action, sim.responders[action])
+    try:
+        yield actions
+    finally:
+        released.set()
+        sim.responders.clear()
+        sim.responders.update(saved)
+
+
+async def test_a_send_never_answered_ends_the_turn_at_the_api_timeout_and_the_next_question_is_answered(
+    bot: BotProcess, sim: OneBotSim, llm: ScriptedLLM, hanging: set[str]
+) -> None:
+    group, sid = 61005, group_sid(61005)
+    hanging.add("send_msg")
+    llm.push(Reply("没有回音的回答"))
+    await sim.group_message(group, 20005, [at(SELF_ID), text(" 问题甲")])
+    await turn_ended(bot, sid, 1)  # bounded by API_TIMEOUT
+    assert f"memsum: could not send a reply to {sid}: NetworkError" in bot.log()
+
+    hanging.clear()
+    llm.push(Reply("第二个回答"))
+    mark = len(sim.calls)
+    await sim.group_message(group, 20005, [at(SELF_ID), text(" 问题乙")])
+    call = await sim.wait_call(set(SEND_ACTIONS), after=mark)
+    assert plain_text(call.params["message"]) == "第二个回答"
+    await turn_ended(bot, sid, 2)
+    # Each once; the first answer stays as said: it may have gone out, the implementation never said.
+    assert [m for m in await messages(bot, sid) if m[0] != "notice"] == [
+        ("user", "[用户20005(20005)] @小记(10000) 问题甲", 0),
+        ("assistant", "没有回音的回答", 0),
+        ("user", "[用户20005(20005)] @小记(10000) 问题乙", 0),
+        ("assistant", "第二个回答", 0),
+    ]
+    assert "Traceback" not in bot.log(all_runs=True)
+
+
+async def test_a_merged_forward_never_answered_is_not_sent_again_as_plain_text(
+    bot: BotProcess, sim: OneBotSim, llm: ScriptedLLM, hanging: set[str]
+) -> None:
+    # NapCat answered late for a send that went out (NapNeko/NapCatQQ issue #932): a plain
+    # copy after the timeout would say it twice.
+    group, sid = 61006, group_sid(61006)
+    hanging.add("send_group_forward_msg")
+    long = "一段很长的回答。" * 60
+    assert await sends_of_a_long_answer(bot, sim, llm, group, long) == ["send_group_forward_msg"]
+    assert ("assistant", long, 0) in await messages(bot, sid)

@@ -9,7 +9,7 @@ from typing import Any
 
 from nonebot import get_bots
 from nonebot.adapters.onebot.v11 import ActionFailed, Bot, GroupMessageEvent, MessageEvent, MessageSegment
-from nonebot.exception import ApiNotAvailable, WebSocketClosed
+from nonebot.exception import ApiNotAvailable, NetworkError, WebSocketClosed
 from nonebot.log import logger
 
 from nonebot_plugin_memsum import runtime
@@ -82,8 +82,10 @@ async def _send(bot: Bot, event: MessageEvent, text: str, *, quote: bool) -> str
                 bot, lambda b: b.call_api("send_group_forward_msg", group_id=event.group_id, messages=nodes)
             )
             return sent_id(sent)
-        except NOT_SENT:
-            raise
+        except NOT_SENT as err:
+            raise NotDelivered(refusal(err)) from err
+        except NetworkError:
+            raise  # no answer in time: it may have gone out, and a plain copy would say it twice
         except Exception as err:
             logger.info(f"memsum: merged-forward not available ({type(err).__name__}); sending plain text")
     first: str | None = None
