@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from nonebot_plugin_memsum.onebot.notices import left_group
 from nonebot_plugin_memsum.types import WITHDRAWN_TEXT
 from tests.fakes.botproc import BotProcess
 from tests.fakes.e2e import SELF_ID, back, connected, group_sid, query, restart, until
@@ -239,9 +240,7 @@ async def test_muted_bot_over_its_daily_cap_tries_the_notice_once_without_a_trac
     bot: BotProcess, sim: OneBotSim, llm: ScriptedLLM, muted: Muted
 ) -> None:
     group, sid = 61003, group_sid(61003)
-    mark = len(sim.calls)
-    await sim.group_message(group, 10001, "/限额 1")  # the owner (SUPERUSERS)
-    await sim.wait_call(set(SEND_ACTIONS), after=mark)
+    await owner_says(sim, group, "/限额 1")
     await sim.notice("group_ban", group_id=group, user_id=SELF_ID, operator_id=10001, duration=3600)
     muted.groups.add(group)
     llm.push(Reply("超额前的回答"))
@@ -264,6 +263,101 @@ async def test_muted_bot_over_its_daily_cap_tries_the_notice_once_without_a_trac
 
 async def _stored(bot: BotProcess, sid: str, words: str) -> bool:
     return any(words in content for _, content, _ in await messages(bot, sid))
+
+
+# ---- 2. kicked, or the group disbanded ---------------------------------------------------
+
+# go-cqhttp (coolq/api.go `CQGetGroupMessageHistory`): a group the account is not in answers
+# `Failed(100, "GROUP_NOT_FOUND", "群聊不存在")`; NapCat answers retcode 1200 (CHANGELOG, audit 5).
+GOCQ_NO_GROUP = (100, "群聊不存在")
+
+
+@pytest.mark.parametrize(
+    ("group", "gone"),
+    [
+        (
+            61007,
+            {
+                "notice_type": "group_decrease",
+                "sub_type": "kick_me",
+                "user_id": SELF_ID,
+                "operator_id": 20007,
+            },
+        ),
+        (
+            61008,
+            {"notice_type": "group_decrease", "sub_type": "disband", "user_id": 20008, "operator_id": 20008},
+        ),
+    ],
+)
+async def test_a_group_the_bot_left_is_neither_backfilled_nor_answered_on_later_connects(
+    bot: BotProcess, sim: OneBotSim, llm: ScriptedLLM, group: int, gone: dict[str, Any]
+) -> None:
+    sid = group_sid(group)
+    saved = dict(sim.responders)
+    # A question left unanswered (over the day's cap, lifted since): a reconnect's resume answers such.
+    await owner_says(sim, group, "/限额 1")
+    llm.push(Reply("被踢前的回答"))
+    await sim.group_message(group, 20007, [at(SELF_ID), text(" 被踢前")])
+    await turn_ended(bot, sid, 1)
+    await chat_usage(bot, sid)
+    mark = len(sim.calls)
+    await sim.group_message(group, 20007, [at(SELF_ID), text(" 还在吗")])
+    await sim.wait_call(set(SEND_ACTIONS), after=mark)  # the cap notice
+    await owner_says(sim, group, "/限额 无")
+    kept, chats = await messages(bot, sid), len(chat_requests(llm))
+    notice_type = gone.pop("notice_type")
+    await sim.notice(notice_type, group_id=group, **gone)
+    await until(lambda: _count(bot, sid, len(kept) + 1), "the notice stored")
+
+    def history(params: dict[str, Any]) -> Any:
+        if int(params.get("group_id") or 0) == group:
+            raise ActionFailedError(*GOCQ_NO_GROUP)
+        return saved["get_group_msg_history"](params)
+
+    sim.responders["get_group_msg_history"] = history
+    try:
+        for _ in range(2):
+            mark = len(sim.calls)
+            await sim.close()
+            await back(bot, sim, restart=False)
+            await asyncio.sleep(1.0)  # the resume's answer would come now
+            asked = [c for c in sim.calls[mark:] if c.action == "get_group_msg_history"]
+            assert asked  # the other groups are still fetched
+            assert all(int(c.params["group_id"]) != group for c in asked)
+            assert sends_to(sim, group, mark) == []
+        assert len(chat_requests(llm)) == chats
+    finally:
+        sim.responders.clear()
+        sim.responders.update(saved)
+    # Its memory stays until the owner clears it.
+    assert (await messages(bot, sid))[: len(kept)] == kept
+
+
+@pytest.mark.parametrize(
+    ("payload", "left"),
+    [
+        ({"notice_type": "group_decrease", "sub_type": "kick_me", "user_id": SELF_ID}, True),
+        ({"notice_type": "group_decrease", "sub_type": "leave", "user_id": SELF_ID}, True),
+        ({"notice_type": "group_decrease", "sub_type": "disband", "user_id": 20001}, True),
+        ({"notice_type": "group_dismiss", "user_id": 20001}, True),  # LLOneBot
+        ({"notice_type": "group_decrease", "sub_type": "kick", "user_id": 20001}, False),
+        ({"notice_type": "group_ban", "sub_type": "ban", "user_id": SELF_ID}, False),
+    ],
+)
+def test_which_notices_say_the_account_left_its_group(payload: dict[str, Any], left: bool) -> None:
+    assert left_group({"group_id": 61009, **payload}, str(SELF_ID)) is left
+
+
+async def owner_says(sim: OneBotSim, group: int, command: str) -> None:
+    """A command of the owner (SUPERUSERS) in the group, once its answer went out."""
+    mark = len(sim.calls)
+    await sim.group_message(group, 10001, command)
+    await sim.wait_call(set(SEND_ACTIONS), after=mark)
+
+
+async def _count(bot: BotProcess, sid: str, n: int) -> bool:
+    return len(await messages(bot, sid)) >= n
 
 
 # ---- 3. a failed send, then the connection gone ---------------------------------------

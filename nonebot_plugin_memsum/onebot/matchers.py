@@ -276,6 +276,7 @@ def register_matchers(priority: int, is_command: Callable[[T_State], bool], comm
     @notices.handle()
     async def handle_notice(bot: Bot, event: NoticeEvent) -> None:
         await record_notice(bot, event, runtime.get().onebot.arrivals.of(event))
+        await recovery.note_left(bot, event)
 
     fastpath.register(
         {

@@ -57,6 +57,15 @@ def withdrawn_id(payload: Mapping[str, Any]) -> str | None:
     return None if value is None or str(value).strip() in ("", "0") else str(value).strip()
 
 
+def left_group(payload: Mapping[str, Any], self_id: str) -> bool:
+    """Whether the notice says the account is no longer in its group: kicked (`kick_me`), left,
+    or the group disbanded (a `disband` decrease; LLOneBot's `group_dismiss`)."""
+    kind, sub = payload.get("notice_type"), payload.get("sub_type")
+    if kind == "group_dismiss" or (kind == "group_decrease" and sub == "disband"):
+        return True
+    return kind == "group_decrease" and _id(payload, "user_id") == self_id
+
+
 def duration_text(seconds: int) -> str:
     """600 → 「10 分钟」, 90061 → 「1 天 1 小时 1 分钟 1 秒」."""
     parts: list[str] = []

@@ -23,15 +23,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nonebot import get_bots, get_driver
-from nonebot.adapters.onebot.v11 import Adapter, Bot, GroupMessageEvent, MessageEvent, PrivateMessageEvent
+from nonebot.adapters.onebot.v11 import (
+    Adapter,
+    Bot,
+    Event,
+    GroupMessageEvent,
+    MessageEvent,
+    PrivateMessageEvent,
+)
 from nonebot.adapters.onebot.v11.event import Reply
 from nonebot.adapters.onebot.v11.exception import ActionFailed
 from nonebot.compat import type_validate_python
 from nonebot.log import logger
 
 from nonebot_plugin_memsum import clock, runtime
+from nonebot_plugin_memsum.errors import StoreError
 from nonebot_plugin_memsum.types import Message
 
+from .notices import left_group
 from .render import is_empty, word_goes_on
 from .sessions import PLATFORM, group_record, private_record
 
@@ -54,6 +63,12 @@ and still be tried for another. A failure for one place says little of the other
 answers retcode 1200 with the error of the place (a group the bot has left since), LLOneBot
 「未找到消息」 for a place it holds no message of. Once the action has answered, a failure
 skips that session only."""
+
+
+LEFT = "left_group"
+"""Metadata namespace: group session → when the account left it (kicked, left, the group
+disbanded). Its history is not asked for nor its questions answered on a later connect,
+unless something was stored there since (the account back in the group)."""
 
 
 @dataclass
@@ -93,6 +108,8 @@ class Account:
     questions: dict[tuple[str, str], int] = field(default_factory=dict)
     """(session id, platform message id) → stored id of the questions the backfill stored
     while MEMSUM_RESUME_WINDOW is 0 (`fetched_question`)."""
+    left: dict[str, float] = field(default_factory=dict)
+    """Group sessions the account left, and when (LEFT)."""
     forwards_hang: bool = False
     """`get_forward_msg` timed out for a fetched merged forward: this connection's backfill
     (and refills) ask no more, the rest keep `[合并转发]`: each ask would hold its session's
@@ -278,9 +295,13 @@ async def _recover(bot: Bot, account: Account) -> None:
     config = rt.config
     try:
         sessions: list[tuple[str, float]] = []
+        account.left = {sid: float(ts) for sid, ts in (await rt.store.meta_values(LEFT)).items()}
         if config.memsum_backfill_count and config.memsum_backfill_hours:
             since = clock.now() - config.memsum_backfill_hours * 3600
             sessions = await rt.store.recent_sessions(f"{PLATFORM}:{bot.self_id}:", since)
+            # A group the account left answers nothing but a failure (each of which counts
+            # against PROBES): not asked, unless it stored something since (back in it).
+            sessions = [(sid, last) for sid, last in sessions if account.left.get(sid, -math.inf) < last]
         if sessions and config.memsum_resume_window:
             # Fetched first, before those a live message waits for (asked later): at a
             # thousand groups live messages want a new session every few milliseconds.
@@ -528,6 +549,21 @@ async def _resolve_reply(bot: Bot, event: MessageEvent) -> None:
         logger.debug(f"memsum: quoted message of a fetched reply not available: {type(err).__name__}")
 
 
+async def note_left(bot: Bot, event: Event) -> None:
+    """A notice that the account is no longer in a group: noted (LEFT) for later connects."""
+    if getattr(event, "notice_type", None) not in ("group_decrease", "group_dismiss"):
+        return  # most notices: no dump of the event
+    payload = event.model_dump()
+    if not payload.get("group_id") or not left_group(payload, bot.self_id):
+        return
+    try:
+        await runtime.get().store.put_meta(
+            LEFT, group_record(bot.self_id, payload["group_id"]).id, clock.now()
+        )
+    except StoreError as err:  # its next connects then ask its history in vain, as before
+        logger.warning(f"memsum: could not note that {bot.self_id} left group {payload['group_id']}: {err}")
+
+
 async def _pending(bot: Bot, session_id: str | None = None) -> list[tuple[str, Any]]:
     """The account's (or one session's) questions younger than the window with no answer yet."""
     rt = runtime.get()
@@ -544,7 +580,7 @@ async def _resume_questions(bot: Bot, account: Account, session_id: str | None =
     rt = runtime.get()
     newest: dict[str, Any] = {}
     for sid, msg in await _pending(bot, session_id):
-        if sid not in account.resumed:
+        if sid not in account.resumed and account.left.get(sid, -math.inf) < msg.ts:
             newest[sid] = msg  # storage order: the last one is the newest asker
     for sid, msg in newest.items():
         kind, target = _target(sid)
