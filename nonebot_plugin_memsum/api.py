@@ -35,6 +35,7 @@ from nonebot_plugin_memsum.errors import (
     CompressionCancelled,
     CompressionError,
     MemsumError,
+    NotDelivered,
     SessionNotFound,
     StoreError,
     ToolNameTaken,
@@ -54,6 +55,7 @@ __all__ = [
     "Entry",
     "MemsumError",
     "Message",
+    "NotDelivered",
     "SearchHit",
     "SessionNotFound",
     "SessionRecord",
@@ -145,7 +147,9 @@ async def run_turn(session_id: str, reply: ReplyFn | None = None, entry: Entry =
     the bot speak). Judged once the session's turn is this call's: two calls at once after
     one message get one answer ("replied", then "silent"). Raises SessionNotFound for a
     session that does not exist, and TurnInProgress when called from inside that session's
-    own turn (a tool or a contribution: the turn in progress answers what is new).
+    own turn (a tool or a contribution: the turn in progress answers what is new). A `reply`
+    that raises NotDelivered (the platform said the text did not go out) leaves the answer
+    stored as withdrawn, not as said; any other exception from it is logged and the answer kept.
 
     The owner's controls of a QQ place (its mode 开 / 仅记录 / 关, `/限额`, the member
     cooldown) are the OneBot layer's, applied before it calls this: a plugin that calls

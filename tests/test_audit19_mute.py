@@ -25,8 +25,11 @@ from typing import Any
 
 import pytest
 
+from nonebot_plugin_memsum.errors import NotDelivered
 from nonebot_plugin_memsum.onebot.notices import left_group
-from nonebot_plugin_memsum.types import WITHDRAWN_TEXT
+from nonebot_plugin_memsum.store import SearchQuery, Store
+from nonebot_plugin_memsum.types import WITHDRAWN_TEXT, Message, shown_content
+from tests.fakes.agent import GROUP, GROUP_ENTRY, MakeRuntime, fill, user
 from tests.fakes.botproc import BotProcess
 from tests.fakes.e2e import SELF_ID, back, connected, group_sid, query, restart, until
 from tests.fakes.llm_server import Reply, ScriptedLLM
@@ -263,6 +266,33 @@ async def test_muted_bot_over_its_daily_cap_tries_the_notice_once_without_a_trac
 
 async def _stored(bot: BotProcess, sid: str, words: str) -> bool:
     return any(words in content for _, content, _ in await messages(bot, sid))
+
+
+async def test_an_unsent_answer_reads_as_withdrawn_and_is_not_found_by_a_search(store: Store) -> None:
+    sid = "onebot:10000:group:61010"
+    await store.append(sid, Message(role="user", content="[甲(20001)] 密码是多少", ts=1.0))
+    answer = await store.append(sid, Message(role="assistant", content="密码是 swordfish", ts=2.0))
+    assert answer.id is not None
+    await store.mark_unsent(sid, answer.id)
+    last = (await store.get_history(sid))[-1]
+    assert (last.withdrawn, shown_content(last)) == (True, WITHDRAWN_TEXT)
+    assert await store.search(SearchQuery(sid, "swordfish")) == []
+
+
+async def test_a_plugin_reply_that_raises_not_delivered_leaves_the_answer_withdrawn(
+    make_rt: MakeRuntime, llm: ScriptedLLM
+) -> None:
+    # api.run_turn's `reply` from another plugin: NotDelivered is how it says nothing went out.
+    rt = await make_rt()
+    await fill(rt, GROUP, [user("@小记(10000) 在吗")])
+    llm.push(Reply("在的"))
+
+    async def muted(text: str) -> None:
+        raise NotDelivered("muted")
+
+    assert await rt.agent.run_turn(GROUP.id, muted, GROUP_ENTRY) == "replied"
+    last = (await rt.store.get_history(GROUP.id))[-1]
+    assert (last.role, last.content, last.withdrawn) == ("assistant", "在的", True)
 
 
 # ---- 2. kicked, or the group disbanded ---------------------------------------------------
