@@ -19,7 +19,7 @@ from nonebot_plugin_memsum import clock, onebot, runtime
 from nonebot_plugin_memsum.config import Config
 from nonebot_plugin_memsum.runtime import Runtime
 from nonebot_plugin_memsum.types import Message
-from nonebot_plugin_memsum.web.app import create_app
+from nonebot_plugin_memsum.web.app import Names, create_app
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.ports import free_port
 
@@ -155,6 +155,20 @@ async def seeded_runtime(tmp: Path, llm: ScriptedLLM) -> Runtime:
 
 
 @asynccontextmanager
+async def mounted(rt: Runtime, names: Names) -> AsyncIterator[tuple[str, FastAPI]]:
+    """The page of `rt` at /memsum on a real server: its address (ending in /memsum) and its
+    app; on the way out, the compressions it started have ended."""
+    app = create_app(lambda: rt, TOKEN, names)
+    root = FastAPI()
+    root.mount("/memsum", app)
+    try:
+        async with serving(root) as base:
+            yield base + "/memsum", app
+    finally:
+        await app.state.live.wait()
+
+
+@asynccontextmanager
 async def web_env(tmp: Path) -> AsyncIterator[WebEnv]:
     with ScriptedLLM() as llm:
         rt = await seeded_runtime(tmp, llm)
@@ -162,13 +176,9 @@ async def web_env(tmp: Path) -> AsyncIterator[WebEnv]:
         async def names() -> dict[str, str]:
             return NAMES
 
-        app = create_app(lambda: rt, TOKEN, names)
-        root = FastAPI()
-        root.mount("/memsum", app)
         try:
-            async with serving(root) as base:
-                yield WebEnv(rt, llm, base + "/memsum", app)
+            async with mounted(rt, names) as (base, app):
+                yield WebEnv(rt, llm, base, app)
         finally:
-            await app.state.live.wait()
             await settle(rt)
             await runtime.close(rt)
