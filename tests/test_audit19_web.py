@@ -12,6 +12,7 @@ forms at it. Real uvicorn, the real SQLite file, the scripted model server, real
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -28,7 +29,7 @@ from nonebot_plugin_memsum.onebot import group_record
 from nonebot_plugin_memsum.runtime import Runtime
 from nonebot_plugin_memsum.types import Message
 from tests.fakes.llm_server import Reply, ScriptedLLM
-from tests.fakes.web import TOKEN, mounted
+from tests.fakes.web import TOKEN, free_port, mounted
 from tests.test_web_browser import ARGS, CHROMIUM
 
 if not Path(CHROMIUM).exists():  # as tests/test_web_browser.py: .ci/run makes a missing browser fail
@@ -196,3 +197,43 @@ async def test_a_thousand_groups_with_extreme_names_are_all_listed_in_their_box_
             await expect(page.locator("#summary")).to_contain_text("Ab3" * 400)
             await inside_its_box(page)
             await page.close()
+
+
+# ---- the bot goes away while the page is open ------------------------------------------------------
+async def test_while_the_bot_is_away_the_page_says_so_in_chinese_and_comes_back_by_itself(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """The owner restarts the bot with the page open. The page's next poll found no server:
+    it showed the browser's own words, 「Failed to fetch」, and stopped polling, so it stayed
+    on them after the bot was back until the owner reloaded. Now it says in Chinese that the
+    bot cannot be reached, and keeps asking: once the bot is back the page carries on by
+    itself (here, as after a real restart, at the sign-in, the old session gone with it)."""
+    port = free_port()
+    with ScriptedLLM() as llm:
+        rt = await runtime.build(config(llm), tmp_path / "web.db", ["小记"], {"10001"})
+        try:
+            await member_says(rt, FIRST, "周末去爬山吗")
+            sid = group_record(SELF_ID, FIRST).id
+
+            async def names() -> Mapping[str, str]:
+                return {f"group:{FIRST}": "爬山群"}
+
+            async with mounted(rt, names, port) as (base, _):
+                page = await browser.new_page(locale="zh-CN")
+                await page.goto(base + "/")
+                await page.fill("#token", TOKEN)
+                await page.click("#login-form button[type=submit]")
+                await page.click(f"tr.session-row[data-id='{sid}']")
+                await expect(page.locator("#recent")).to_contain_text("周末去爬山吗")
+            # The bot is down: the next poll cannot reach it.
+            error = page.locator("#main .error")
+            await expect(error).to_contain_text("连不上机器人", timeout=15_000)
+            assert re.search(r"[A-Za-z]{3}", await page.locator("#main").inner_text()) is None
+            async with mounted(rt, names, port):
+                await expect(page.locator("#login-form")).to_be_visible(timeout=15_000)
+                await page.fill("#token", TOKEN)
+                await page.click("#login-form button[type=submit]")
+                await expect(page.locator("#recent")).to_contain_text("周末去爬山吗")
+                await page.close()
+        finally:
+            await runtime.close(rt)

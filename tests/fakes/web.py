@@ -63,9 +63,10 @@ class WebEnv:
 
 
 @asynccontextmanager
-async def serving(app: FastAPI) -> AsyncIterator[str]:
-    """`app` on a real uvicorn server on 127.0.0.1, in this event loop; its base URL."""
-    port = free_port()
+async def serving(app: FastAPI, port: int | None = None) -> AsyncIterator[str]:
+    """`app` on a real uvicorn server on 127.0.0.1 (on `port`, or a free one), in this event
+    loop; its base URL."""
+    port = port or free_port()
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
     )
@@ -155,14 +156,14 @@ async def seeded_runtime(tmp: Path, llm: ScriptedLLM) -> Runtime:
 
 
 @asynccontextmanager
-async def mounted(rt: Runtime, names: Names) -> AsyncIterator[tuple[str, FastAPI]]:
-    """The page of `rt` at /memsum on a real server: its address (ending in /memsum) and its
-    app; on the way out, the compressions it started have ended."""
+async def mounted(rt: Runtime, names: Names, port: int | None = None) -> AsyncIterator[tuple[str, FastAPI]]:
+    """The page of `rt` at /memsum on a real server (`serving`): its address (ending in
+    /memsum) and its app; on the way out, the compressions it started have ended."""
     app = create_app(lambda: rt, TOKEN, names)
     root = FastAPI()
     root.mount("/memsum", app)
     try:
-        async with serving(root) as base:
+        async with serving(root, port) as base:
             yield base + "/memsum", app
     finally:
         await app.state.live.wait()

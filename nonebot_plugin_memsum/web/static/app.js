@@ -76,6 +76,7 @@ function confirmDialog(text) {
 
 // ---- API -----------------------------------------------------------------------------
 class SignedOut extends Error {}
+const UNREACHABLE = "连不上机器人：它可能正在重启或已停止，也可能是网络断了";
 async function api(path, options = {}) {
   const init = { credentials: "same-origin", headers: {} };
   if (options.body !== undefined) {
@@ -84,7 +85,9 @@ async function api(path, options = {}) {
     init.headers["X-Memsum-CSRF"] = state.csrf || "";
     init.body = JSON.stringify(options.body);
   }
-  const resp = await fetch("api/" + path, init);
+  let resp;
+  try { resp = await fetch("api/" + path, init); }
+  catch (err) { throw new Error(UNREACHABLE); } // the browser's own words are English ("Failed to fetch")
   if (resp.status === 401 && path !== "login") { state.csrf = null; throw new SignedOut(); }
   const data = await resp.json().catch(() => ({}));
   if (!resp.ok) throw new Error(typeof data.detail === "string" ? data.detail : `请求失败（${resp.status}）`);
@@ -376,6 +379,7 @@ async function usagePage() {
 
 // ---- routing and live updates (polling) -----------------------------------------------
 let generation = 0;
+const RETRY_MS = 5000;
 async function route() {
   clearTimeout(state.timer);
   const mine = ++generation;
@@ -390,7 +394,10 @@ async function route() {
     if (mine === generation) state.timer = setTimeout(refresh, every);
   } catch (err) {
     if (err instanceof SignedOut) return loginPage();
-    setMain(el("p", { class: "error" }, err.message), el("p", {}, el("a", { href: "#/" }, "返回总览")));
+    setMain(el("p", { class: "error" }, err.message), el("p", { class: "muted small" }, "稍后自动重试。"),
+      el("p", {}, el("a", { href: "#/" }, "返回总览")));
+    // Keep asking: a bot restarting (or a proxy's 502 meanwhile) comes back by itself.
+    if (mine === generation) state.timer = setTimeout(refresh, RETRY_MS);
   }
 }
 function refresh() {
