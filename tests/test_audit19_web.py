@@ -26,10 +26,12 @@ import pytest
 
 from nonebot_plugin_memsum import runtime
 from nonebot_plugin_memsum.config import Config
-from nonebot_plugin_memsum.onebot import group_record
+from nonebot_plugin_memsum.onebot import group_record, private_record
+from nonebot_plugin_memsum.onebot.render import forward_nodes, forward_record
 from nonebot_plugin_memsum.runtime import Runtime
 from nonebot_plugin_memsum.types import Message
-from tests.fakes.llm_server import Reply, ScriptedLLM
+from tests.fakes.llm_server import API_KEY, Reply, ScriptedLLM
+from tests.fakes.logs import captured
 from tests.fakes.web import TOKEN, free_port, mounted
 from tests.test_web_browser import ARGS, CHROMIUM
 
@@ -38,7 +40,7 @@ if not Path(CHROMIUM).exists():  # as tests/test_web_browser.py: .ci/run makes a
         raise RuntimeError(f"Chromium is required but missing at {CHROMIUM}")
     pytest.skip("Debian's chromium is not installed (.ci/run installs it)", allow_module_level=True)
 
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, Dialog, Page, async_playwright, expect
 
 SELF_ID = 10000
 PHONE = {"width": 390, "height": 844}
@@ -256,3 +258,168 @@ async def test_the_overview_of_a_thousand_groups_travels_compressed(tmp_path: Pa
             assert len(resp.content) > 500_000  # what the page reads
             assert resp.headers["content-encoding"] == "gzip"
             assert resp.num_bytes_downloaded < len(resp.content) / 10  # what went over the wire
+
+
+# ---- hostile text: markup, links, SVG, template literals, direction controls, zero width ---------
+HOSTILE = (
+    "<script>window.__pwned=1</script>"
+    '<img src=x onerror="window.__pwned=2;alert(2)">'
+    '<a href="javascript:window.__pwned=3">点我</a>'
+    '<svg onload="window.__pwned=4"><circle r="5"/></svg>'
+    "${window.__pwned=5}`${alert(5)}`"
+    '<iframe srcdoc="<script>parent.__pwned=6</script>"></iframe>'
+    "javascript:alert(7) {{constructor.constructor('alert(8)')()}}"
+    "\u202e反过来\u202c 提\u200b取\u200d码\ufeff"
+)
+"""Everything a member, a group name or a model's echo could hold that a page might run or
+render: would any of it reach the document as markup, an element or a handler would exist."""
+SHOWN = HOSTILE.replace("\u202e", "<U+202E>").replace("\u202c", "<U+202C>")
+"""As the page shows chat text: each direction control as its code point (render.bidi_visible,
+tests/test_audit16_bidi.py), the zero-width characters as they were."""
+G = FIRST + 7
+FRIEND = 20099
+# A member's merged forward (合并转发) as NapCat's get_forward_msg answers it: `messages`, each
+# an OB11Message with its sender's card and nickname and its segments (NapNeko/NapCatQQ
+# src/onebot/action/go-cqhttp/GetForwardMsg.ts; read the same way by node-napcat-ts's
+# WSSendReturn['get_forward_msg']['messages']), stored as render.forward_record writes it.
+FORWARD = {
+    "messages": [
+        {
+            "message_id": 1400000001,
+            "message_type": "group",
+            "sender": {"user_id": 30002, "nickname": HOSTILE, "card": ""},
+            "message": [{"type": "text", "data": {"text": HOSTILE}}],
+        }
+    ]
+}
+KEY_ECHO = f'Incorrect API key provided: {API_KEY}. <img src=x onerror="window.__pwned=9">'
+"""A relay's 401 that echoes the whole key (OpenAI's own masks it) with markup after it."""
+
+FOREIGN_MARKUP = """() => {
+  const main = document.getElementById('main');
+  const out = [];
+  for (const node of main.querySelectorAll('*')) {
+    const tag = node.tagName.toLowerCase();
+    const made = ['script', 'img', 'iframe', 'object', 'embed', 'circle', 'foreignobject'];
+    if (made.includes(tag)) out.push(tag);
+    if (tag === 'svg' && !['usage-chart', 'usage-bars'].includes(node.id)) out.push('svg');
+    const href = node.getAttribute('href');
+    if (tag === 'a' && !/^(#|api\\/)/.test(href || '')) out.push('a ' + href);
+    for (const attr of node.attributes) if (attr.name.startsWith('on')) out.push(tag + ' ' + attr.name);
+  }
+  return out;
+}"""
+"""Every element and handler in the page's main part that the page itself never makes."""
+
+
+async def test_hostile_text_from_chat_and_the_model_shows_as_written_and_nothing_runs_in_chromium(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """A group name, a friend's nickname, members' cards, messages and a forwarded record, the
+    summary the model wrote echoing them, a persona, the search's results and a provider's
+    error text all hold HOSTILE: on the overview and the group's page, on a phone, each reads
+    as written; no dialog opened, no script ran, no request left for `x`, no element or
+    handler was made. The provider echoed the API key: the page, its API and the log have
+    it masked. Holds: app.js writes chat text with textContent only (test_web_api.py pins
+    that no innerHTML is used); this pins the outcome for every field at once."""
+    failing = [False]
+
+    def model(body: dict[str, Any]) -> Reply | None:
+        if body.get("model") != "summary":
+            return None
+        if failing[0]:
+            return Reply(status=401, error=KEY_ECHO)
+        return Reply(
+            f"{SUMMARY_HEAD}大家在聊爬山 {HOSTILE}\n## 谁有问题没回应\n{HOSTILE}\n## 关键原话要点\n无"
+        )
+
+    with captured("DEBUG") as logs:
+        async with page_env(tmp_path) as env:
+            env.llm.on_request(model)
+            sid = group_record(SELF_ID, G).id
+            env.names[f"group:{G}"] = HOSTILE
+            env.names[f"private:{FRIEND}"] = HOSTILE
+            for n in range(12):
+                await member_says(env.rt, G, f"{HOSTILE} 第{n}句", name=HOSTILE[:60])
+            assert (await env.rt.compression.compress(sid)).outcome == "done"
+            nodes = forward_nodes(FORWARD)
+            assert nodes is not None
+            await member_says(env.rt, G, f"{HOSTILE} 压缩之后", name=HOSTILE[:60])
+            await member_says(env.rt, G, forward_record(nodes, {}), name="转发的人")
+            await env.rt.agent.record(
+                private_record(SELF_ID, FRIEND),
+                Message(role="user", content=f"[好友({FRIEND})] {HOSTILE}", ts=time.time()),
+            )
+
+            page = await browser.new_page(viewport={"width": 390, "height": 844}, locale="zh-CN")
+            dialogs: list[str] = []
+
+            async def dismiss(dialog: Dialog) -> None:
+                dialogs.append(dialog.message)
+                await dialog.dismiss()
+
+            page.on("dialog", dismiss)
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            asked: list[str] = []
+            page.on("request", lambda r: asked.append(r.url))
+            await page.goto(env.base)
+            await page.fill("#token", TOKEN)
+            await page.click("#login-form button[type=submit]")
+            rows = page.locator("tr.session-row")
+            await expect(rows).to_have_count(2)
+            for row in await rows.all():
+                assert SHOWN in await row.locator("bdi").inner_text()
+            await rows.locator(f"[data-id='{sid}']").or_(page.locator(f"tr[data-id='{sid}']")).first.click()
+            await expect(page.locator("#session-title bdi")).to_have_text(SHOWN)
+            await expect(page.locator("#summary")).to_contain_text(f"大家在聊爬山 {SHOWN}")
+            recent = page.locator("#recent .msg bdi")
+            await expect(recent.last).to_contain_text("转发的人(30001)] [合并转发：")
+            texts = await recent.all_inner_texts()
+            assert f"{SHOWN} 压缩之后" in texts[-2]
+            assert SHOWN in texts[-1]
+            # A persona holding it, saved on the page (an admin's /人设 could have set it).
+            persona = page.locator("#settings tr[data-name='persona']")
+            await persona.locator("textarea").fill(HOSTILE)
+            await persona.locator("button.save").click()
+            await expect(page.locator("#flash bdi")).to_have_text(HOSTILE)
+            await expect(persona.locator("b bdi")).to_have_text(HOSTILE)
+            await expect(persona.locator("textarea")).to_have_value(HOSTILE)
+            # The search's results.
+            await page.fill("#search input[name=q]", "第3句")
+            await page.click("#search button[type=submit]")
+            await expect(page.locator("#search-results .msg.found bdi")).to_contain_text(f"{SHOWN} 第3句")
+            # A compression the provider refuses with the key and markup in its words.
+            failing[0] = True
+            await page.click("#compress")
+            progress = page.locator("#progress")
+            await expect(progress).to_contain_text("压缩失败", timeout=15_000)
+            await expect(progress).to_contain_text(
+                'Incorrect API key provided: ***. <img src=x onerror="window.__pwned=9">'
+            )
+            await expect(page.locator("#compressions tbody tr").first).to_contain_text("不认这个密钥")
+
+            assert await page.evaluate(FOREIGN_MARKUP) == []
+            await page.goto(env.base + "#/")
+            await expect(rows).to_have_count(2)
+            await expect(page.locator(f"tr[data-id='{sid}']")).to_contain_text("不认这个密钥")
+            assert await page.evaluate(FOREIGN_MARKUP) == []
+            assert await page.evaluate("[window.__pwned, typeof window.__pwned]") == [None, "undefined"]
+            assert dialogs == []
+            assert errors == []
+            assert [u for u in asked if not re.search(r"/memsum/(|api/.*|static/app\.(js|css))$", u)] == []
+            assert API_KEY not in await page.content()
+            async with httpx.AsyncClient(base_url=env.base) as owner:
+                assert (await owner.post("api/login", json={"token": TOKEN})).status_code == 200
+                q = quote(sid, safe="")
+                for path in (
+                    "api/overview",
+                    f"api/sessions/{q}",
+                    f"api/sessions/{q}/search?q=key",
+                    "api/usage",
+                ):
+                    resp = await owner.get(path)
+                    assert resp.status_code == 200
+                    assert API_KEY not in resp.text, path
+            await page.close()
+    assert not [line for line in logs if API_KEY in line or TOKEN in line]
