@@ -23,6 +23,8 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+from fastapi import FastAPI
+from fastapi.responses import HTMLResponse
 
 from nonebot_plugin_memsum import runtime
 from nonebot_plugin_memsum.config import Config
@@ -30,9 +32,10 @@ from nonebot_plugin_memsum.onebot import group_record, private_record
 from nonebot_plugin_memsum.onebot.render import forward_nodes, forward_record
 from nonebot_plugin_memsum.runtime import Runtime
 from nonebot_plugin_memsum.types import Message
+from tests.fakes.e2e import until
 from tests.fakes.llm_server import API_KEY, Reply, ScriptedLLM
 from tests.fakes.logs import captured
-from tests.fakes.web import TOKEN, free_port, mounted
+from tests.fakes.web import TOKEN, free_port, mounted, serving
 from tests.test_web_browser import ARGS, CHROMIUM
 
 if not Path(CHROMIUM).exists():  # as tests/test_web_browser.py: .ci/run makes a missing browser fail
@@ -423,3 +426,72 @@ async def test_hostile_text_from_chat_and_the_model_shows_as_written_and_nothing
                     assert API_KEY not in resp.text, path
             await page.close()
     assert not [line for line in logs if API_KEY in line or TOKEN in line]
+
+
+# ---- another page of this machine posts at the page ----------------------------------------------
+def attack(base: str, sid: str) -> str:
+    """A page of another origin posting what a page can post without asking CORS: forms
+    (text/plain holding JSON, urlencoded) into hidden frames, a no-cors fetch, a beacon."""
+    at = f"{base}api/sessions/{quote(sid, safe='')}/"
+    clear = '{"kind": "context", "confirm": true, "x": "'
+    return f"""<!doctype html><meta charset="utf-8"><body>
+<iframe name="f1"></iframe><iframe name="f2"></iframe><iframe name="f3"></iframe>
+<form id="a" method="post" enctype="text/plain" target="f1" action="{at}clear">
+<input name='{clear}' value='"}}'></form>
+<form id="b" method="post" target="f2" action="{at}settings">
+<input name="name" value="mode"><input name="scope" value="place"><input name="value" value="off"></form>
+<form id="c" method="post" target="f3" action="{base}api/logout"></form>
+<script>
+document.getElementById("a").submit();
+document.getElementById("b").submit();
+document.getElementById("c").submit();
+fetch("{at}settings", {{method: "POST", mode: "no-cors", credentials: "include",
+  body: JSON.stringify({{name: "compress_at", scope: "session", value: 0.01}})}});
+navigator.sendBeacon("{at}compress", "{{}}");
+</script>"""
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+async def test_another_origins_forms_fetch_and_beacon_change_nothing_in_chromium(
+    browser: Browser, tmp_path: Path, host: str
+) -> None:
+    """The owner is signed in; another page opened in the same browser posts at the page.
+    From another port of 127.0.0.1 (the same site: the SameSite=Strict cookie goes along,
+    Chromium says `Sec-Fetch-Site: same-site`) and from `localhost` (another site: no
+    cookie). Every post is refused, nothing changed, the owner still signed in. Holds
+    (web/auth.same_origin, the CSRF header; tests/test_audit8_x.py sends such posts with
+    httpx): this is Chromium's own requests."""
+    async with page_env(tmp_path) as env:
+        for n in range(3):
+            await member_says(env.rt, FIRST, f"第{n}句")
+        sid = group_record(SELF_ID, FIRST).id
+        before = len(await env.rt.store.get_history(sid))
+        context = await browser.new_context(locale="zh-CN")
+        owner = await context.new_page()
+        await owner.goto(env.base)
+        await owner.fill("#token", TOKEN)
+        await owner.click("#login-form button[type=submit]")
+        await expect(owner.locator("#sessions")).to_be_visible()
+
+        evil = FastAPI()
+        evil.get("/")(lambda: HTMLResponse(attack(env.base, sid)))
+        answers: list[tuple[str, int]] = []
+        context.on(
+            "response", lambda r: answers.append((r.url, r.status)) if "/memsum/api/" in r.url else None
+        )
+        async with serving(evil) as site:
+            page = await context.new_page()
+            await page.goto(site.replace("127.0.0.1", host) + "/")
+
+            async def all_answered() -> bool:
+                return len(answers) >= 5
+
+            await until(all_answered, "the five posts answered")
+        assert sorted({status for _, status in answers}) == ([403] if host == "127.0.0.1" else [401]), answers
+        assert len(await env.rt.store.get_history(sid)) == before
+        assert await env.rt.store.get_settings("session", sid) == {}
+        assert await env.rt.store.get_settings("place", f"group:{FIRST}") == {}
+        assert await env.rt.store.compressions(sid) == []
+        await owner.reload()
+        await expect(owner.locator("#sessions")).to_contain_text(str(FIRST))
+        await context.close()
