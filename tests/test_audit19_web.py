@@ -27,11 +27,11 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 
 from nonebot_plugin_memsum import runtime
-from nonebot_plugin_memsum.config import Config
+from nonebot_plugin_memsum.config import DEFAULT_PERSONA, Config
 from nonebot_plugin_memsum.onebot import group_record, private_record
 from nonebot_plugin_memsum.onebot.render import forward_nodes, forward_record
 from nonebot_plugin_memsum.runtime import Runtime
-from nonebot_plugin_memsum.types import Message
+from nonebot_plugin_memsum.types import Message, SessionRecord
 from tests.fakes.e2e import until
 from tests.fakes.llm_server import API_KEY, Reply, ScriptedLLM
 from tests.fakes.logs import captured
@@ -495,3 +495,97 @@ async def test_another_origins_forms_fetch_and_beacon_change_nothing_in_chromium
         await owner.reload()
         await expect(owner.locator("#sessions")).to_contain_text(str(FIRST))
         await context.close()
+
+
+# ---- Chinese wherever the owner reads ------------------------------------------------------------
+WORDS = """() => {
+  const seen = [document.body.innerText];
+  for (const node of document.querySelectorAll('[placeholder], [title], [aria-label], option')) {
+    seen.push(node.getAttribute('placeholder') || '', node.getAttribute('title') || '',
+      node.getAttribute('aria-label') || '', node.tagName === 'OPTION' ? node.textContent : '');
+  }
+  return seen.join('\\n');
+}"""
+"""What the owner reads on the page: its text, and the words in placeholders, tooltips,
+labels and the options of a select."""
+NOT_WORDS = re.compile(
+    "|".join(
+        [
+            re.escape(DEFAULT_PERSONA),  # the prompt the model reads, as configured
+            r"（HTTP 500: scripted error）",  # the provider's own words, after the Chinese headline
+            r"\.env|MEMSUM_WEB_TOKEN|token|CSV|QQ|test/(chat|summary)|scheduler/daily",
+        ]
+    )
+)
+"""What the owner configured or a provider said (the .env setting, the model ids, another
+plugin's session, the persona, an error's detail), and the two words a Chinese page about
+models writes as they are."""
+
+
+async def english_in(page: Page) -> list[str]:
+    text = NOT_WORDS.sub("", await page.evaluate(WORDS))
+    return re.findall(r"[^\n]{0,30}[A-Za-z]{2,}[^\n]{0,20}", text)
+
+
+async def test_every_state_of_the_page_reads_in_chinese(browser: Browser, tmp_path: Path) -> None:
+    """Sign-in and its errors, the overview of a group, a friend and another plugin's session,
+    a group's page with nothing yet (no summary, no compression, no usage), a search that
+    finds nothing, a value refused, a compression that failed, the confirmation, the usage
+    page, a session that is not there: no English word but the names the owner configured.
+    The search's results ended in a stray 「null」 whenever all were listed (app.js handed
+    `replaceChildren` a null, which the DOM writes as text); the rest holds."""
+    async with page_env(tmp_path) as env:
+        env.llm.on_request(lambda body: Reply(status=500) if body.get("model") == "summary" else None)
+        await member_says(env.rt, FIRST, "周末去爬山吗")
+        env.names[f"group:{FIRST}"] = "爬山群"
+        env.names["private:20002"] = "小明"
+        await env.rt.agent.record(
+            private_record(SELF_ID, 20002), Message(role="user", content="[小明(20002)] 你好")
+        )
+        await env.rt.agent.record(
+            SessionRecord(id="scheduler/daily", platform="internal", kind="internal"),
+            Message(role="user", content="每日提醒"),
+        )
+        page = await browser.new_page(locale="zh-CN")
+        await page.goto(env.base)
+        await expect(page.locator("#login-form")).to_be_visible()
+        found = await english_in(page)
+        await page.fill("#token", "not-the-token-at-all")
+        await page.click("#login-form button[type=submit]")
+        await expect(page.locator("#login-error")).to_have_text("令牌不对")
+        found += await english_in(page)
+        await page.fill("#token", TOKEN)
+        await page.click("#login-form button[type=submit]")
+        await expect(page.locator("tr.session-row")).to_have_count(3)
+        found += await english_in(page)
+        sid = group_record(SELF_ID, FIRST).id
+        await page.click(f"tr.session-row[data-id='{sid}']")
+        await expect(page.locator("#summary")).to_contain_text("还没有摘要")
+        found += await english_in(page)
+        await page.fill("#search input[name=q]", "没有这个词")
+        await page.click("#search button[type=submit]")
+        await expect(page.locator("#search-results")).to_have_text("没有找到。")
+        row = page.locator("#settings tr[data-name='compress_at']")
+        await row.locator("input").fill("很多")
+        await row.locator("button.save").click()
+        await expect(page.locator("#flash")).to_contain_text("请填写数字")
+        found += await english_in(page)
+        await page.click("#compress")
+        await expect(page.locator("#progress")).to_contain_text("压缩失败", timeout=30_000)
+        await expect(page.locator("#compressions")).to_contain_text("失败")
+        found += await english_in(page)
+        await page.click("#clear-context")
+        await expect(page.locator("#modal")).to_be_visible()
+        found += await english_in(page)
+        await page.click("#modal-cancel")
+        await page.goto(f"{env.base}#/s/{quote('scheduler/daily', safe='')}")
+        await expect(page.locator("#session-title")).to_contain_text("scheduler/daily")
+        found += await english_in(page)
+        await page.goto(f"{env.base}#/s/onebot%3A1%3Agroup%3A1")
+        await expect(page.locator("#main .error")).to_have_text("没有这个会话")
+        found += await english_in(page)
+        await page.goto(f"{env.base}#/usage")
+        await expect(page.locator("#usage-table")).to_be_visible()
+        found += await english_in(page)
+        assert found == [], sorted(set(found))
+        await page.close()

@@ -262,7 +262,8 @@ async function sessionPage(sid) {
   const out = el("div", { id: "search-results" });
   const form = el("form", { class: "row" }, q, speaker, since, until, el("button", { type: "submit" }, "搜索"));
   const show = (results, more) => out.replaceChildren(...(results.length ? results : [null]).map((x) => x ? hitView(x) : el("p", { class: "muted" }, "没有找到。")),
-    more ? el("p", { class: "muted small" }, `只列出最相关的 ${results.length} 条，还有更多：加关键词、发言人或日期可缩小范围。`) : null);
+    // Nothing, not a null, when all are listed: the DOM writes a null as the text "null".
+    ...(more ? [el("p", { class: "muted small" }, `只列出最相关的 ${results.length} 条，还有更多：加关键词、发言人或日期可缩小范围。`)] : []));
   const hitView = (x) => el("div", { class: "hit" },
     messageList(x.before, ""), el("div", { class: "msg found" }, el("span", { class: "when" }, when(x.hit.ts)), withdrawnTag(x.hit), el("bdi", { class: "pre" }, x.hit.content)),
     messageList(x.after, ""));
