@@ -162,7 +162,8 @@ async def test_a_thousand_groups_with_extreme_names_are_all_listed_in_their_box_
     """A group named with one unbroken Latin run (24 W, a name QQ accepts) made the overview's
     table 494 pixels wide on a 390-pixel phone: in the phone's card layout every row's values
     sit at the table's right edge, so every group's mode, counts and gauges were out of
-    sight, not only that group's. A name now wraps inside its cell."""
+    sight, not only that group's. A name now wraps inside its cell (and so does a persona
+    of one unbroken run, in its row and in the line after saving it)."""
     async with page_env(tmp_path) as env:
         env.llm.on_request(full_summary)
         t0 = time.time() - 3600
@@ -197,6 +198,13 @@ async def test_a_thousand_groups_with_extreme_names_are_all_listed_in_their_box_
             recent = page.locator("#recent .msg .pre").last
             await expect(recent).to_contain_text("x" * 11000)
             assert len(await recent.inner_text()) >= len(PASTE)
+            await inside_its_box(page)
+            # A persona of the longest kind, one unbroken run, in its row and the line after saving.
+            persona = page.locator("#settings tr[data-name='persona']")
+            await persona.locator("textarea").fill("W" * 1000)
+            await persona.locator("button.save").click()
+            await expect(page.locator("#flash bdi")).to_have_text("W" * 1000)
+            await expect(persona.locator("b bdi")).to_have_text("W" * 1000)
             await inside_its_box(page)
             # The summary at the physical cap, its echoed link wrapped too.
             await page.goto(f"{env.base}#/s/{quote(full)}")
