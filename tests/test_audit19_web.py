@@ -558,9 +558,12 @@ async def test_every_state_of_the_page_reads_in_chinese(browser: Browser, tmp_pa
         await page.goto(env.base)
         await expect(page.locator("#login-form")).to_be_visible()
         found = await english_in(page)
-        await page.fill("#token", "not-the-token-at-all")
-        await page.click("#login-form button[type=submit]")
-        await expect(page.locator("#login-error")).to_have_text("令牌不对")
+        with captured("DEBUG") as logs:
+            await page.fill("#token", "not-the-token-at-all")
+            await page.click("#login-form button[type=submit]")
+            await expect(page.locator("#login-error")).to_have_text("令牌不对")
+        assert any("wrong token" in line for line in logs)
+        assert not [line for line in logs if "not-the-token" in line]  # a near-miss is half a token
         found += await english_in(page)
         await page.fill("#token", TOKEN)
         await page.click("#login-form button[type=submit]")
