@@ -157,6 +157,9 @@ async def test_backfill_of_groups_and_private_chats_with_each_implementations_hi
         for sim in sims.values():  # stored, and the private message answered
             await until(lambda sim=sim: _count(bot, private_sid(peer, sim.self_id), 2), "the private answer")
             await until(lambda sim=sim: _count(bot, group_sid(group, sim.self_id), 1), "the group message")
+            # Sent, not only stored: an answer the kill cuts between its row and its send is not
+            # sent again after the restart (at most once), and the count below would be one short.
+            await until(lambda sim=sim: _private_sends(sim, peer, 1), "the private answer sent")
         await bot.kill()
         questions: dict[str, tuple[int, int]] = {}
         for name, sim in sims.items():
@@ -192,23 +195,25 @@ async def test_backfill_of_groups_and_private_chats_with_each_implementations_hi
             await until(lambda psid=psid: _count(bot, psid, 4), f"{name}: the private backfill and answer")
             said = [c for c in await contents(bot, psid) if c.startswith("[")]
             assert said == ["[丁(30001)] 私聊第一句", "[丁(30001)] 私聊里问：你还在吗？"]
-
-            def answers(sim: OneBotSim = sim) -> list[ApiCall]:
-                sends = {"send_msg", "send_private_msg"}
-                return [c for c in sim.calls if c.action in sends and c.params.get("user_id") == peer]
-
             # The answer is stored before it goes out (and its send noted first, said.py): the
             # send reaches the simulator a moment after the row.
-            async def two_sent() -> bool:
-                return len(answers()) >= 2
-
-            await until(two_sent, f"{name}: the private answer sent")
-            assert len(answers()) == 2  # the first message's, then one for the question asked while down
+            await until(lambda sim=sim: _private_sends(sim, peer, 2), f"{name}: the private answer sent")
+            # the first message's, then one for the question asked while down
+            assert len(_answers_to_peer(sim, peer)) == 2
         log = bot.log()
         assert log.count("cannot get_friend_msg_history") == 1
         assert "cannot get_group_msg_history" not in log
         for sim in sims.values():
             await sim.close()
+
+
+def _answers_to_peer(sim: OneBotSim, peer: int) -> list[ApiCall]:
+    sends = {"send_msg", "send_private_msg"}
+    return [c for c in sim.calls if c.action in sends and c.params.get("user_id") == peer]
+
+
+async def _private_sends(sim: OneBotSim, peer: int, n: int) -> bool:
+    return len(_answers_to_peer(sim, peer)) >= n
 
 
 async def _count(bot: BotProcess, sid: str, n: int) -> bool:
