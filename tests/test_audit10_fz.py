@@ -67,7 +67,9 @@ pytestmark = pytest.mark.e2e
 PERSONA = "你是随机审计群里的助手小记。"
 OWNER = 10001
 WINDOW = 6000
-TIMEOUT = 2.0
+TIMEOUT = 4.0
+"""MEMSUM_LLM_TIMEOUT: a request the driver makes time out waits it out; a real one must not
+reach it on a loaded machine (at 2 s one did, with the suite on every core)."""
 ERROR_REPLY = "抱歉，我这边出了点问题，请稍后再试。"
 GROUPS = (91001, 91002)
 MEMBERS = {20001: "甲", 20002: "乙", 20003: "丙", 20004: "丁", 20005: "戊"}
