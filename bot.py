@@ -8,6 +8,7 @@ plugins listed under `[tool.nonebot]` of a `pyproject.toml` in that folder (wher
 import errno
 import functools
 import hmac
+import io
 import re
 import socket
 import sys
@@ -129,6 +130,11 @@ def _log_filter(record: Any) -> bool:
 
 
 def _log_to_stdout(level: int | str) -> int:
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        # A console or log file that is not UTF-8 (Windows' code page 936, a C locale): a
+        # character it lacks (a member's emoji, a start-up line in Chinese) cost the whole
+        # line and printed a stack in its place; written as \U0001f602 instead.
+        sys.stdout.reconfigure(errors="backslashreplace")
     return logger.add(sys.stdout, level=level, diagnose=False, filter=_log_filter, format=default_format)
 
 
