@@ -152,6 +152,8 @@ def _init_refused(err: Exception) -> str:
     """One line naming the `.env` key NoneBot's own settings refused (SUPERUSERS written
     `[10001]`, a list with a full-width comma, a PORT that is no number, a DRIVER it cannot
     import) instead of the stack: never a setting's value (R-CFG-1), only DRIVER's."""
+    if isinstance(err, UnicodeDecodeError):
+        return _not_utf8(err)
     if isinstance(err, SettingsError):
         found = re.search(r'env var "([^"]+)"', str(err))
         key = found.group(1) if found else "?"
@@ -167,6 +169,22 @@ def _init_refused(err: Exception) -> str:
     example = _FORMS.get(key.lower())
     hint = f"; write it like {example}" if example else ""
     return f"bot.py: invalid {key.upper()} in .env: {why}{hint}"
+
+
+def _not_utf8(err: UnicodeDecodeError) -> str:
+    """NoneBot reads `.env` (and `.env.prod`, …) as UTF-8: one saved as Notepad's "ANSI"
+    (GBK on a Chinese Windows) or "Unicode" (UTF-16) is named with its first bad line."""
+    for path in sorted(Path().glob(".env*")):
+        data = path.read_bytes() if path.is_file() and path.name != ".env.example" else b""
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            line = data[: bad.start].count(b"\n") + 1
+            return (
+                f"bot.py: {path.name} is not saved as UTF-8 (line {line}); save it again with the"
+                " encoding UTF-8 (记事本：另存为 → 编码选 UTF-8)"
+            )
+    return f"bot.py: a .env file is not saved as UTF-8 ({err.reason}); save it again with the encoding UTF-8"
 
 
 logger.remove(logger_id)

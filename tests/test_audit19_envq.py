@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.botproc import BotProcess
+from tests.fakes.botproc import BotExitedError, BotProcess
 from tests.fakes.e2e import connected, group_sid, wait_rows
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.onebot import plain_text
@@ -41,6 +41,59 @@ class _Console(BotProcess):
         env = {k: v for k, v in super()._child_env().items() if k not in ("LANG", "LC_ALL", "LC_CTYPE")}
         del env["PYTHONIOENCODING"]
         return {**env, **self.console}
+
+
+# ---- 1. `.env` as Windows editors save it ---------------------------------------------------
+class _Saved(BotProcess):
+    """bot.py with its `.env` saved as a Windows editor does: CRLF line endings, `encoding`
+    (Notepad's "UTF-8 with BOM" is utf-8-sig, its "ANSI" on a Chinese Windows is GBK, its
+    "Unicode" UTF-16), `pad` after every value, MEMSUM_PERSONA on the first line."""
+
+    def __init__(self, workdir: Path, encoding: str, pad: str = "", **kwargs: Any) -> None:
+        super().__init__(workdir, **kwargs)
+        self.encoding, self.pad = encoding, pad
+
+    def _write_dotenv(self) -> None:
+        first = {"MEMSUM_PERSONA": self.env["MEMSUM_PERSONA"]}
+        lines = [f"{key}={value}{self.pad}" for key, value in {**first, **self.env}.items()]
+        text = "\r\n".join(lines) + "\r\n"
+        (self.workdir / ".env").write_bytes(text.encode(self.encoding))
+
+
+def _chat_env(llm: ScriptedLLM) -> dict[str, str]:
+    return {"MEMSUM_MODELS": json.dumps([llm.model_config("test/model")]), "MEMSUM_PERSONA": PERSONA}
+
+
+async def test_a_notepad_env_with_a_bom_crlf_and_trailing_spaces_is_read_as_written(
+    tmp_path: Path, llm: ScriptedLLM
+) -> None:
+    # The persona on the BOM's line, the nickname followed by spaces and a CR: a lost first
+    # key, a persona or nickname with a \r or the BOM in it would each answer differently.
+    llm.reset()
+    llm.on_request(lambda body: Reply("在的") if body["messages"][0]["content"] == PERSONA else None)
+    async with _Saved(tmp_path / "bot", "utf-8-sig", "   ", env=_chat_env(llm), log_level="INFO") as bot:
+        async with connected(bot) as sim:
+            mark = len(sim.calls)
+            await sim.group_message(GROUP, MEMBER, "小记 在吗", nickname="甲")
+            call = await sim.wait_call("send_msg", after=mark, timeout=20)
+    assert plain_text(call.params["message"]).endswith("在的")
+    assert llm.requests[-1]["messages"][0]["content"] == PERSONA
+
+
+@pytest.mark.parametrize("encoding", ["gbk", "gb18030", "utf-16"])
+async def test_an_env_not_saved_as_utf8_stops_start_up_with_one_line_saying_so(
+    tmp_path: Path, llm: ScriptedLLM, encoding: str
+) -> None:
+    # NoneBot reads .env as UTF-8: the UnicodeDecodeError was reported as "invalid DRIVER in
+    # .env", with DRIVER's form to write, whatever the file held.
+    with pytest.raises(BotExitedError) as exited:
+        await _Saved(tmp_path / "bot", encoding, env=_chat_env(llm), log_level="INFO").start()
+    log = exited.value.log
+    said = [line for line in log.splitlines() if "CRITICAL" in line or "Traceback" in line]
+    assert (exited.value.returncode, len(said)) == (2, 1), log
+    assert "bot.py: .env is not saved as UTF-8 (line 1)" in said[0]
+    assert "DRIVER" not in said[0]
+    assert PERSONA not in log
 
 
 # ---- 2. a console or log file that is not UTF-8 --------------------------------------------
