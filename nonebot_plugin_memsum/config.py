@@ -284,6 +284,10 @@ class Config(BaseModel):
                 "the path has a control character: in double quotes a backslash starts an escape"
                 " (\\b, \\t, \\n); write a Windows path in single quotes or with /"
             )
+        if isinstance(path, str):
+            # `~/…` as the migration tool reads it (migrate.py): pydantic made a folder named
+            # `~`. os.path's, which leaves a `~nosuchuser` as written where Path's raises.
+            return os.path.expanduser(path)
         return path
 
     def store_location(self, default: Path) -> Path | str:

@@ -131,3 +131,25 @@ async def test_a_console_that_cannot_encode_what_members_send_keeps_the_bot_answ
     assert "UnicodeEncodeError" not in log, log
     if level == "DEBUG":  # the line of a message with an emoji is kept, the emoji escaped
         assert "\\U0001f602" in log, log
+
+
+# ---- 3. where the database file goes -------------------------------------------------------
+@pytest.mark.parametrize(
+    ("written", "where"),
+    [
+        # `~` as owners write it after `python -m nonebot_plugin_memsum.migrate --from
+        # sqlite:~/…`, which expands it: the bot made a folder named `~` in its own.
+        ("~/机器人 数据/memsum.db", "home/机器人 数据/memsum.db"),
+        ("数据 目录/memsum.db", "数据 目录/memsum.db"),  # relative: to the folder of .env
+    ],
+    ids=["tilde", "relative"],
+)
+async def test_a_database_path_with_a_tilde_spaces_or_relative_is_the_file_it_names(
+    tmp_path: Path, llm: ScriptedLLM, written: str, where: str
+) -> None:
+    bot = BotProcess(tmp_path / "bot", env={**_chat_env(llm), "MEMSUM_DB_PATH": written}, log_level="INFO")
+    bot.db_path = tmp_path / "bot" / where  # HOME is the work folder's home/ (botproc.py)
+    async with bot, connected(bot) as sim:
+        await sim.group_message(GROUP, MEMBER, "早上好", nickname="甲")
+        await wait_rows(bot, group_sid(GROUP), 1)
+    assert not (tmp_path / "bot" / "~").exists()
