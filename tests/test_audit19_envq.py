@@ -96,6 +96,17 @@ async def test_an_env_not_saved_as_utf8_stops_start_up_with_one_line_saying_so(
     assert PERSONA not in log
 
 
+async def test_a_nickname_in_full_width_quotes_stops_start_up_with_one_line_naming_it(tmp_path: Path) -> None:
+    # “” typed with a Chinese input method: not JSON, so no name at all would call the bot.
+    bot = BotProcess(tmp_path / "bot", env={"NICKNAME": "[“小记”]"}, log_level="INFO")
+    with pytest.raises(BotExitedError) as exited:
+        await bot.start()
+    said = [line for line in exited.value.log.splitlines() if "CRITICAL" in line or "Traceback" in line]
+    assert (exited.value.returncode, len(said)) == (2, 1), exited.value.log
+    assert "bot.py: invalid NICKNAME in .env" in said[0]
+    assert 'NICKNAME=["小记"]' in said[0]  # the form that works
+
+
 # ---- 2. a console or log file that is not UTF-8 --------------------------------------------
 # What members send that code page 936 (GBK) and ASCII cannot encode: emoji, a CJK
 # extension-B character, bidi controls (the RLO an attacker uses to reverse a name).
