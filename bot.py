@@ -9,6 +9,7 @@ import errno
 import functools
 import hmac
 import io
+import os
 import re
 import socket
 import sys
@@ -320,19 +321,21 @@ def _where_to_connect() -> None:
 def _refuse_a_taken_address() -> None:
     """HOST:PORT already taken (another program, a second bot.py): one line naming the `.env`
     keys, before the start-up opens anything; uvicorn said only `[Errno 98] error while
-    attempting to bind`, after it. Probed as uvicorn binds (SO_REUSEADDR: the closed
-    connections of a bot.py just stopped do not count)."""
+    attempting to bind`, after it. Probed as uvicorn binds (asyncio's SO_REUSEADDR on POSIX:
+    the closed connections of a bot.py just stopped do not count; on Windows the option
+    would let the probe share a port in use, and asyncio does not set it there)."""
     driver = nonebot.get_driver()
     if not isinstance(driver, ASGIMixin):
         return  # no server: forward WebSocket or HTTP only
     host, port = driver.config.host, driver.config.port
     address = f"[{host}]:{port}" if host.version == 6 else f"{host}:{port}"
     with socket.socket(socket.AF_INET6 if host.version == 6 else socket.AF_INET) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if os.name == "posix":
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((str(host), port))
         except OSError as err:
-            if err.errno == errno.EADDRINUSE:
+            if err.errno in (errno.EADDRINUSE, getattr(errno, "WSAEADDRINUSE", errno.EADDRINUSE)):
                 why = f"地址 {address} 已被占用（别的程序或另一个 bot.py 在用）"
             else:
                 why = f"无法在 {address} 上监听（{err.strerror}）"
