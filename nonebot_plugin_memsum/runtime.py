@@ -239,7 +239,8 @@ async def build(config: Config, location: Location, nicknames: list[str], superu
     tools = ToolRegistry()
     todos = StoreTodoProvider(store)
     register_todo_tool(tools, todos)
-    register_recall_tool(tools, store, estimate_text_tokens, zone_of(config))
+    zone = zone_of(config)
+    register_recall_tool(tools, store, estimate_text_tokens, zone)
     agent = Agent(
         store=store,
         client=client,
@@ -248,7 +249,7 @@ async def build(config: Config, location: Location, nicknames: list[str], superu
         config=config,
         settings=settings,
         tools=tools,
-        zone=zone_of(config),
+        zone=zone,
     )
     compression = CompressionService(
         store=store,
