@@ -53,8 +53,8 @@ function outcomeTag(run) {
     el("span", { class: "small muted" }, when(run.ts)), ok ? null : el("div", { class: "small error" }, run.reason || ""));
 }
 function setMain(...nodes) {
-  const m = main();
-  m.replaceChildren(...nodes);
+  // Left-out parts (null) are skipped, as el() skips them: the DOM would write "null".
+  main().replaceChildren(...nodes.filter((n) => n !== null && n !== undefined && n !== false));
 }
 function flash(text, bad) {
   // `text`: a string, or nodes (a value the owner typed goes in a <bdi> of its own).
@@ -76,6 +76,7 @@ function confirmDialog(text) {
 
 // ---- API -----------------------------------------------------------------------------
 class SignedOut extends Error {}
+class Refused extends Error { constructor(message, status) { super(message); this.status = status; } }
 const UNREACHABLE = "连不上机器人：它可能正在重启或已停止，也可能是网络断了";
 async function api(path, options = {}) {
   const init = { credentials: "same-origin", headers: {} };
@@ -90,7 +91,7 @@ async function api(path, options = {}) {
   catch (err) { throw new Error(UNREACHABLE); } // the browser's own words are English ("Failed to fetch")
   if (resp.status === 401 && path !== "login") { state.csrf = null; throw new SignedOut(); }
   const data = await resp.json().catch(() => ({}));
-  if (!resp.ok) throw new Error(typeof data.detail === "string" ? data.detail : `请求失败（${resp.status}）`);
+  if (!resp.ok) throw new Refused(typeof data.detail === "string" ? data.detail : `请求失败（${resp.status}）`, resp.status);
   return data;
 }
 
@@ -395,10 +396,12 @@ async function route() {
     if (mine === generation) state.timer = setTimeout(refresh, every);
   } catch (err) {
     if (err instanceof SignedOut) return loginPage();
-    setMain(el("p", { class: "error" }, err.message), el("p", { class: "muted small" }, "稍后自动重试。"),
+    // A session that is not there (404) will not come back by asking again; anything else
+    // may: a bot restarting, or a proxy's 502 meanwhile.
+    const again = !(err instanceof Refused && err.status === 404);
+    setMain(el("p", { class: "error" }, err.message), again ? el("p", { class: "muted small" }, "稍后自动重试。") : null,
       el("p", {}, el("a", { href: "#/" }, "返回总览")));
-    // Keep asking: a bot restarting (or a proxy's 502 meanwhile) comes back by itself.
-    if (mine === generation) state.timer = setTimeout(refresh, RETRY_MS);
+    if (again && mine === generation) state.timer = setTimeout(refresh, RETRY_MS);
   }
 }
 function refresh() {
