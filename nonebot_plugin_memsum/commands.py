@@ -611,10 +611,11 @@ async def _chosen(bot: Bot, event: MessageEvent, state: T_State) -> bool:
         chosen = _CONFIRM if await _is_confirmation(bot, event) else None
     else:
         chosen = _BY_NAME.get(name[0]) if len(name) == 1 else None
-    # Another account of this NoneBot is a member here, an admin often, but what it says is
-    # its model's answer, which any member can steer: never a command (nor a 「确认」).
+    # Another account of this NoneBot (or a bot of MEMSUM_IGNORED_USERS) is a member here, an
+    # admin often, but what it says is its model's answer, which any member can steer: never
+    # a command (nor a 「确认」).
     if chosen is not None and (
-        recovery.another_account(bot, event.user_id) or not await chosen.permission(bot, event)
+        recovery.never_asks(bot, event.user_id) or not await chosen.permission(bot, event)
     ):
         chosen = None
     state[_CHOSEN] = chosen

@@ -196,6 +196,9 @@ class Config(BaseModel):
     """Tokens a place may use per day (its own /限额 wins); 0 = no cap."""
     memsum_user_cooldown: float = Field(default=0, ge=0)
     """Seconds a group member waits between two answers; 0 = no wait."""
+    memsum_ignored_users: frozenset[str] = frozenset()
+    """QQ numbers never answered (other bots in the owner's groups): what they say is recorded
+    as a member's words, but it never starts a turn, in a group or in private, nor a command."""
     memsum_timezone: str | None = None
     """IANA zone (e.g. `Asia/Shanghai`) where the days of /用量 and /限额 begin, and of the times
     /摘要, /回忆, the recall tool and the web page show; default: the system's."""
@@ -238,6 +241,19 @@ class Config(BaseModel):
     """The owner's sign-in token of the web page at /memsum/; empty turns the page off."""
 
     _as_written = field_validator("*", mode="before")(classmethod(as_written))
+
+    @field_validator("memsum_ignored_users", mode="before")
+    @classmethod
+    def _qq_numbers(cls, value: object) -> object:
+        # JSON gives numbers or strings (["2854196311", 3889000000]); a name or a typo would
+        # match no sender, and that bot would go on answering: refused, naming the entry.
+        if not isinstance(value, list | tuple | set | frozenset):
+            raise ValueError('a JSON list of QQ numbers, e.g. [2854196311, "3889000000"]')
+        for v in value:
+            text = str(v).strip()
+            if isinstance(v, bool) or not (text.isascii() and text.isdigit()):
+                raise ValueError(f"{v!r} is not a QQ number")
+        return frozenset(str(v).strip() for v in value)
 
     @field_validator("memsum_web_token")
     @classmethod

@@ -128,15 +128,16 @@ async def _cap_notice(bot: Bot, event: MessageEvent, record: SessionRecord) -> N
 
 def _asks(bot: Bot, event: GroupMessageEvent | PrivateMessageEvent) -> bool:
     """A private message, or one addressed to the bot; never one of another account of this
-    NoneBot (`recovery.another_account`: two bots must not answer each other). An @ of the
-    bot anywhere in the message addresses it (「这个 @小记 你怎么看」), as a fetched one does
-    (`recovery.addresses_bot`); the adapter's `to_me` sees one at the start or end only."""
+    NoneBot or of MEMSUM_IGNORED_USERS (`recovery.never_asks`: two bots must not answer each
+    other). An @ of the bot anywhere in the message addresses it (「这个 @小记 你怎么看」), as a
+    fetched one does (`recovery.addresses_bot`); the adapter's `to_me` sees one at the start
+    or end only."""
     addressed = (
         isinstance(event, PrivateMessageEvent)
         or event.is_tome()
         or recovery.addresses_bot(event, bot.self_id, runtime.get().nicknames)
     )
-    return addressed and not recovery.another_account(bot, event.user_id)
+    return addressed and not recovery.never_asks(bot, event.user_id)
 
 
 async def tell_not_stored(bot: Bot, event: MessageEvent, record: SessionRecord) -> None:

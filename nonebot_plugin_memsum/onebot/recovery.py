@@ -234,6 +234,13 @@ def another_account(bot: Bot, user_id: int | str) -> bool:
     return uid != bot.self_id and (uid in runtime.get().onebot.self_ids or uid in get_bots())
 
 
+def never_asks(bot: Bot, user_id: int | str) -> bool:
+    """Whether what `user_id` says is never a question or a command to this account: another
+    account of this NoneBot, or a QQ number of MEMSUM_IGNORED_USERS (another bot in the
+    owner's groups, run elsewhere: two bots that answer @s and replies answer each other)."""
+    return str(user_id) in runtime.get().config.memsum_ignored_users or another_account(bot, user_id)
+
+
 def is_command(event: MessageEvent, starts: Iterable[str], names: Iterable[str]) -> bool:
     """A command of this plugin: those are answered, never stored."""
     text = event.original_message.extract_plain_text().lstrip()
@@ -522,7 +529,7 @@ async def _record_fetched(
     drop_foreign_quote(bot, event)
     await fill_forgotten_quote(bot, event)
     await _fill_forward(bot, account, event)
-    asks = addresses_bot(event, bot.self_id, rt.nicknames) and not another_account(bot, event.user_id)
+    asks = addresses_bot(event, bot.self_id, rt.nicknames) and not never_asks(bot, event.user_id)
     _, msg = await record_message(bot, event, addressed=asks, said_at=platform_time(event.time), fetched=True)
     return msg
 
