@@ -15,7 +15,7 @@ from nonebug import App
 from tests.fakes.llm_server import ScriptedLLM
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from nonebot_plugin_memsum.store import Store
     from tests.fakes.agent import MakeRuntime
@@ -198,6 +198,20 @@ async def make(tmp_path: Path) -> AsyncIterator["Make"]:
 @pytest.fixture
 async def env(make: "Make") -> "Env":
     return await make()
+
+
+@pytest.fixture
+async def library(make: "Make", monkeypatch: pytest.MonkeyPatch) -> "Callable[..., Awaitable[Env]]":
+    """`make`, with the runtime it builds the one `api` answers for (tests that drive the
+    product only through the library API)."""
+    from nonebot_plugin_memsum import runtime
+
+    async def build(**kw: Any) -> "Env":
+        env = await make(**kw)
+        monkeypatch.setattr(runtime, "_current", env.rt)
+        return env
+
+    return build
 
 
 @pytest.fixture(scope="session")

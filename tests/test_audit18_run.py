@@ -12,15 +12,13 @@ from typing import Any
 
 import pytest
 
-from nonebot_plugin_memsum import api, runtime
+from nonebot_plugin_memsum import api
 from nonebot_plugin_memsum.llm.tokens import estimate_msg_tokens
 from tests.fakes.llm_server import Reply
 from tests.fakes.service import (
     CHAT_SUMMARY,
     GROUP,
     NOTHING_KEPT,
-    Env,
-    Make,
     committing,
     conversation_of,
     existing_summary_of,
@@ -31,18 +29,6 @@ from tests.fakes.service import (
 
 Library = Callable[..., Any]
 NEW_SUMMARY = "## 最近在聊什么\n新的话题\n## 谁有问题没回应\n无\n## 关键原话要点\n无"
-
-
-@pytest.fixture
-async def library(make: Make, monkeypatch: pytest.MonkeyPatch) -> Library:
-    """A private runtime (SQLite file in tmp_path, scripted models) that `api` answers for."""
-
-    async def build(**kw: Any) -> Env:
-        env = await make(**kw)
-        monkeypatch.setattr(runtime, "_current", env.rt)
-        return env
-
-    return build
 
 
 async def seed(n: int, *, start: int = 0, size: int = 12) -> list[api.Message]:
@@ -527,6 +513,7 @@ async def test_r_prog_3_second_manual_run_refused(library: Library) -> None:
         await api.compress(GROUP.id)
 
     assert refused.value.reason == "这个会话正在压缩"
+    assert env.phases() == [("start", None)]  # the refusal reports no progress of its own
     gate.open()
     assert (await run).outcome == "done"
     assert len(env.model.summary_requests()) == 1
