@@ -11,7 +11,9 @@ once (beside the few, up to as many again) rather than queued behind a thousand 
 fetches. Every question to the bot younger
 than MEMSUM_RESUME_WINDOW with no answer yet gets one turn per session (the newest asker
 quoted), as a burst does: as soon as its session's backfill is stored (sessions with a
-question left unanswered are fetched first), not after the whole account's.
+question left unanswered are fetched first), not after the whole account's. A group the
+account left meanwhile (no notice reaches a bot that is down) is known by `get_group_list`,
+asked once per connect: neither fetched nor answered.
 """
 
 from __future__ import annotations
@@ -67,8 +69,12 @@ skips that session only."""
 
 LEFT = "left_group"
 """Metadata namespace: group session → when the account left it (kicked, left, the group
-disbanded). Its history is not asked for nor its questions answered on a later connect,
-unless something was stored there since (the account back in the group)."""
+disbanded: a notice said so, or a connect's `get_group_list` no longer named it). Its history
+is not asked for nor its questions answered on a later connect, unless something was stored
+there since or the group list names it again (the account back in the group)."""
+GROUP_LIST_TIMEOUT = 5.0
+"""Seconds the connect's `get_group_list` may take: live messages wait for the plan it is
+part of. Past it, as when refused, no group counts as left."""
 
 
 @dataclass
@@ -176,6 +182,22 @@ def newest_after(payloads: Sequence[dict[str, Any]], after: float, limit: int) -
     ordered.sort(key=_time)  # stable: ties keep the answer's order
     recent = [p for p in ordered if _time(p) >= after - SLACK]
     return recent[-limit:] if limit > 0 else []
+
+
+def groups_in(answer: Any) -> set[int] | None:
+    """The groups a `get_group_list` answer names; None when it says nothing to go by: not
+    a list, an entry without a group id, or no group at all (LLOneBot 3.x answers its empty
+    cache when the refresh fails: LLOneBot/LLOneBot src/onebot11/action/group/GetGroupList.ts).
+    Ids as numbers or strings (LuckyLilliaBot sends `groupCode`, a string)."""
+    if not isinstance(answer, list) or not answer:
+        return None
+    found: set[int] = set()
+    for group in answer:
+        value = str(group.get("group_id") or "").strip() if isinstance(group, Mapping) else ""
+        if not value.isdigit():
+            return None
+        found.add(int(value))
+    return found
 
 
 def next_session(todo: dict[str, float], wanted: dict[str, None]) -> tuple[str, float] | None:
@@ -306,13 +328,15 @@ async def _recover(bot: Bot, account: Account) -> None:
         if config.memsum_backfill_count and config.memsum_backfill_hours:
             since = clock.now() - config.memsum_backfill_hours * 3600
             sessions = await rt.store.recent_sessions(f"{PLATFORM}:{bot.self_id}:", since)
-            # A group the account left answers nothing but a failure (each of which counts
-            # against PROBES): not asked, unless it stored something since (back in it).
-            sessions = [(sid, last) for sid, last in sessions if account.left.get(sid, -math.inf) < last]
+        pending = await _pending(bot) if config.memsum_resume_window else []
+        await _check_groups(bot, account, dict(sessions), [sid for sid, _ in pending])
+        # A group the account left answers nothing but a failure (each of which counts
+        # against PROBES): not asked, unless it stored something since (back in it).
+        sessions = [(sid, last) for sid, last in sessions if account.left.get(sid, -math.inf) < last]
         if sessions and config.memsum_resume_window:
             # Fetched first, before those a live message waits for (asked later): at a
             # thousand groups live messages want a new session every few milliseconds.
-            account.asked = {sid for sid, _ in await _pending(bot)}
+            account.asked = {sid for sid, _ in pending}
             sessions.sort(key=lambda s: s[0] not in account.asked)  # the probes too; stable
             account.wanted = dict.fromkeys(sid for sid, _ in sessions if sid in account.asked)
         for sid, _ in sessions:
@@ -569,6 +593,50 @@ async def note_left(bot: Bot, event: Event) -> None:
         )
     except StoreError as err:  # its next connects then ask its history in vain, as before
         logger.warning(f"memsum: could not note that {bot.self_id} left group {payload['group_id']}: {err}")
+
+
+async def _check_groups(bot: Bot, account: Account, last: Mapping[str, float], asked: Iterable[str]) -> None:
+    """The account's groups checked against `get_group_list`, once per connect: one it is no
+    longer in, though no notice said so (kicked, or the group disbanded, while bot.py was
+    down), is noted as left (LEFT); one the list names again (invited back meanwhile) is no
+    longer. `last`: the sessions to backfill and their last stored message's time; `asked`:
+    those with a question left unanswered. A failed, late or empty answer changes nothing."""
+    groups = {sid: target for sid in [*last, *asked] if (target := _group_of(sid))}
+    if not groups:
+        return
+    try:
+        # `no_cache`: the list as the server has it now, not one cached before the kick
+        # (NapCat GetGroupList.ts, Lagrange GetGroupListOperation.cs, LLOneBot; go-cqhttp).
+        async with asyncio.timeout(GROUP_LIST_TIMEOUT):
+            joined = groups_in(await bot.call_api("get_group_list", no_cache=True))
+    except Exception as err:  # ActionFailed, NetworkError, TimeoutError: nothing learnt
+        logger.debug(f"memsum: no group list of {bot.self_id}: {type(err).__name__}")
+        return
+    if joined is None:
+        return
+    now, gone = clock.now(), 0
+    for sid, group in groups.items():
+        try:
+            if group in joined and sid in account.left:
+                del account.left[sid]
+                await runtime.get().store.delete_meta(LEFT, sid)
+            elif group not in joined and (
+                sid not in account.left or account.left[sid] < last.get(sid, -math.inf)
+            ):
+                account.left[sid] = now
+                gone += 1
+                await runtime.get().store.put_meta(LEFT, sid, now)
+        except StoreError as err:  # this connection goes by what it learnt all the same
+            logger.warning(f"memsum: could not note whether {bot.self_id} is in group {group}: {err}")
+    if gone:
+        logger.info(
+            f"memsum: {bot.self_id} is no longer in {gone} groups (get_group_list); not fetching them"
+        )
+
+
+def _group_of(session_id: str) -> int | None:
+    kind, target = _target(session_id)
+    return target if kind == "group" else None
 
 
 async def _pending(bot: Bot, session_id: str | None = None) -> list[tuple[str, Any]]:
