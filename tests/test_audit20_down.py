@@ -26,7 +26,7 @@ import pytest
 
 from nonebot_plugin_memsum.onebot.recovery import groups_in
 from tests.fakes.botproc import BotProcess
-from tests.fakes.e2e import SELF_ID, away, back, group_sid, rows, wait_rows
+from tests.fakes.e2e import SELF_ID, away, back, group_sid, private_sid, rows, until, wait_rows
 from tests.fakes.llm_server import Gate, Reply, ScriptedLLM
 from tests.fakes.onebot import SEND_ACTIONS, ActionFailedError, ApiCall, OneBotSim, at, text
 
@@ -248,3 +248,53 @@ async def test_a_failed_or_empty_group_list_changes_nothing(
 )
 def test_what_a_group_list_says(answer: Any, groups: set[int] | None) -> None:
     assert groups_in(answer) == groups
+
+
+# ---- 2. a temporary session's answer, live and resumed --------------------------------------
+# NapCat (NapNeko/NapCatQQ af07479 packages/napcat-onebot/api/msg.ts `handleTempGroupMessage`):
+# a private message of a group temporary session has `sub_type: "group"`, `temp_source: 0` and
+# the group in `group_id`, or, when `getTempChatInfo` fails, the placeholder 284840486 and the
+# nickname 「临时会话」; index.ts `handleMsg` sets `target_id = peerUin`.
+NAPCAT_NO_GROUP = 284840486
+
+
+def napcat_temp(message_id: int, user: int, group: int, words: str) -> dict[str, Any]:
+    found = group != NAPCAT_NO_GROUP
+    return {
+        "post_type": "message",
+        "message_type": "private",
+        "sub_type": "group",
+        "message_id": message_id,
+        "message_seq": message_id,
+        "real_id": message_id,
+        "user_id": user,
+        "target_id": user,
+        "group_id": group,
+        "temp_source": 0,
+        "message": [text(words)],
+        "message_format": "array",
+        "raw_message": words,
+        "font": 14,
+        "sender": {"user_id": user, "nickname": "临时甲" if found else "临时会话", "card": ""},
+    }
+
+
+# NapCat's send (packages/napcat-onebot/action/msg/SendMsg.ts `createContext`, since PR #1963
+# "将显式 group_id 优先级提升至 getTempChatInfo 缓存之前"): to a non-friend with a `group_id` it
+# sends a temp message from that group, whatever QQ remembers of the chat; without one, from
+# the group QQ remembers (`getTempChatInfo`). The placeholder is no group the account is in.
+async def test_a_temp_chat_answer_never_names_napcats_placeholder_group(
+    running: tuple[BotProcess, OneBotSim],
+) -> None:
+    bot, sim = running
+    user = 20501
+    mark = len(sim.calls)
+    await sim.send_event(napcat_temp(89501, user, NAPCAT_NO_GROUP, "群里看到你，问个问题"))
+    await until(lambda: _true(bool(sends(sim, mark, user_id=user))), "the answer")
+    (sent,) = sends(sim, mark, user_id=user)
+    assert sent.params.get("message_type") == "private"
+    assert "group_id" not in sent.params
+    assert await rows(bot, private_sid(user)) == [
+        ("user", f"[临时会话({user})] 群里看到你，问个问题"),
+        ("assistant", ANSWER),
+    ]

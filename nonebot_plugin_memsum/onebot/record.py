@@ -56,6 +56,22 @@ def peer_of(self_id: int | str, event: MessageEvent) -> int | None:
     return int(str(target)) if str(target or "").isdigit() and str(target) != str(self_id) else None
 
 
+NAPCAT_NO_GROUP = 284840486
+"""NapCat's `group_id` of a temporary session whose group it could not look up
+(NapNeko/NapCatQQ packages/napcat-onebot/api/msg.ts `handleTempGroupMessage`: 「兜底数据」 when
+`getTempChatInfo` fails); QQ's own placeholder group of merged forwards, no group of the account."""
+
+
+def temp_group(event: MessageEvent) -> int | None:
+    """The group a private message's temporary session came from, as the implementation put it
+    in `group_id` (NapCat; OneBot v11 calls such a message's `sub_type` `group`); None for any
+    other message, and for NapCat's placeholder."""
+    if isinstance(event, GroupMessageEvent):
+        return None
+    value = str(getattr(event, "group_id", None) or "").strip()
+    return int(value) if value.isdigit() and int(value) not in (0, NAPCAT_NO_GROUP) else None
+
+
 async def record_message(
     bot: Bot,
     event: MessageEvent,

@@ -17,7 +17,7 @@ from nonebot_plugin_memsum.agent.turn import ReplyFn, own_send
 from nonebot_plugin_memsum.compression import request
 from nonebot_plugin_memsum.errors import NotDelivered, StoreError
 
-from .record import record_of
+from .record import record_of, temp_group
 
 FORWARD_PART = 1500
 PLAIN_PART = 3000
@@ -89,16 +89,31 @@ async def _send(bot: Bot, event: MessageEvent, text: str, *, quote: bool) -> str
         except Exception as err:
             logger.info(f"memsum: merged-forward not available ({type(err).__name__}); sending plain text")
     first: str | None = None
+    to = addressee(event)
     for i, part in enumerate(split_text(text, PLAIN_PART)):
         message = MessageSegment.reply(event.message_id) + part if quote and i == 0 else part
         try:
-            sent = await _deliver(bot, lambda b, message=message: b.send(event, message))
+            sent = await _deliver(bot, lambda b, message=message: b.send(to, message))
         except (ActionFailed, *NOT_SENT) as err:
             if i:
                 raise  # its first parts went out
             raise NotDelivered(refusal(err)) from err
         first = sent_id(sent) if i == 0 else first
     return first
+
+
+def addressee(event: MessageEvent) -> MessageEvent:
+    """The event a send answers, as the adapter's `send` reads it (its `group_id` goes along):
+    a private one without a group unless `temp_group` names one. NapCat sends a temp message
+    from the `group_id` it is given, before the group QQ remembers of the chat
+    (packages/napcat-onebot/action/msg/SendMsg.ts `createContext`, PR #1963): its placeholder
+    is no group of the account, so a send naming it fails where one naming none goes out."""
+    extra = event.model_extra or {}
+    if isinstance(event, GroupMessageEvent) or "group_id" not in extra or temp_group(event) is not None:
+        return event
+    copy = event.model_copy()
+    copy.__pydantic_extra__ = {k: v for k, v in extra.items() if k != "group_id"}
+    return copy
 
 
 def refusal(err: Exception) -> str:
