@@ -298,3 +298,23 @@ async def test_a_temp_chat_answer_never_names_napcats_placeholder_group(
         ("user", f"[临时会话({user})] 群里看到你，问个问题"),
         ("assistant", ANSWER),
     ]
+
+
+async def test_a_temp_chat_question_resumed_after_a_restart_is_answered_from_its_group(
+    running: tuple[BotProcess, OneBotSim], answering: ScriptedLLM
+) -> None:
+    bot, sim = running
+    group, user = 79501, 20502
+    # The kill cut the model's answer off.
+    with thinking(answering) as gate:
+        await sim.send_event(napcat_temp(89502, user, group, "群里说的资料能发我吗"))
+        await gate.reached()
+        await bot.kill()
+    await asyncio.wait_for(sim.disconnected.wait(), 15)
+    mark = len(sim.calls)
+    await back(bot, sim)
+    await until(lambda: _true(bool(sends(sim, mark, user_id=user))), "the resumed answer")
+    (sent,) = sends(sim, mark, user_id=user)
+    assert sent.params.get("message_type") == "private"
+    assert sent.params.get("group_id") == group  # as the live answer names it
+    assert sends(sim, mark, group_id=group, message_type="group") == []

@@ -62,6 +62,11 @@ NAPCAT_NO_GROUP = 284840486
 `getTempChatInfo` fails); QQ's own placeholder group of merged forwards, no group of the account."""
 
 
+TEMP_GROUP_KEY = "temp_group"
+"""Message metadata: the group of a temporary session's message (`temp_group`), so an answer
+resumed after a restart is sent from it as the live one would be."""
+
+
 def temp_group(event: MessageEvent) -> int | None:
     """The group a private message's temporary session came from, as the implementation put it
     in `group_id` (NapCat; OneBot v11 calls such a message's `sub_type` `group`); None for any
@@ -179,12 +184,13 @@ async def message_of(
     body = render_segments(segments, known)
     # The quoted message's id: its withdrawal later masks the quote (Store.mark_withdrawn).
     quote_of = {QUOTE_OF_KEY: quoted_id} if quoted_id is not None else {}
+    temp = {TEMP_GROUP_KEY: group} if (group := temp_group(event)) is not None else {}
     return Message(
         role="user",
         content=labelled(name, event.user_id, body, quote),
         name=str(event.user_id),
         ts=said_at or clock.now(),
-        metadata={"message_id": event.message_id, "user_id": event.user_id, **quote_of},
+        metadata={"message_id": event.message_id, "user_id": event.user_id, **quote_of, **temp},
         platform_id=platform_id(event.message_id),
         addressed=addressed,
     )

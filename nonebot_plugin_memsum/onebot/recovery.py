@@ -651,6 +651,7 @@ async def _resume_questions(bot: Bot, account: Account, session_id: str | None =
     """One turn per session (the account's, or one) with questions younger than the window
     and no answer yet, unless its questions got one on this connection already."""
     from .matchers import answer_if_allowed  # the matchers import this module
+    from .record import TEMP_GROUP_KEY
 
     rt = runtime.get()
     newest: dict[str, Any] = {}
@@ -661,7 +662,9 @@ async def _resume_questions(bot: Bot, account: Account, session_id: str | None =
         kind, target = _target(sid)
         if kind is None or msg.platform_id is None or msg.name is None:
             continue
-        event = _quotable(bot, kind, target, msg.platform_id, msg.name, msg.ts)
+        event = _quotable(
+            bot, kind, target, msg.platform_id, msg.name, msg.ts, msg.metadata.get(TEMP_GROUP_KEY)
+        )
         if event is None:
             continue
         record = group_record(bot.self_id, target) if kind == "group" else private_record(bot.self_id, target)
@@ -672,9 +675,10 @@ async def _resume_questions(bot: Bot, account: Account, session_id: str | None =
 
 
 def _quotable(
-    bot: Bot, kind: str, target: int, platform_id: str, user_id: str, ts: float
+    bot: Bot, kind: str, target: int, platform_id: str, user_id: str, ts: float, temp_group: Any = None
 ) -> MessageEvent | None:
-    """The stored question as the event an answer quotes and is sent to."""
+    """The stored question as the event an answer quotes and is sent to; `temp_group`: the
+    group a temporary session came from, sent along as the live event's `group_id` is (send.py)."""
     try:
         message_id, uid = int(platform_id), int(user_id)
     except ValueError:
@@ -694,6 +698,8 @@ def _quotable(
     }
     if kind == "group":
         payload["group_id"] = target
+    elif str(temp_group or "").isdigit():
+        payload.update(sub_type="group", group_id=int(str(temp_group)))  # OneBot v11: a temp chat's sub_type
     event = Adapter.json_to_event(payload)
     return event if isinstance(event, MessageEvent) else None
 
