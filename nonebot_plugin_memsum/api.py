@@ -45,6 +45,7 @@ from nonebot_plugin_memsum.store import SearchHit, SearchQuery
 from nonebot_plugin_memsum.types import Message, SessionRecord, ToolCall
 
 E = TypeVar("E")
+EVENTS = (TurnStarted, TurnEnded, UsageEvent, CompressionProgress)
 
 __all__ = [
     "BadToolName",
@@ -206,7 +207,11 @@ async def todos(session_id: str) -> list[TodoItem]:
 
 def subscribe(event_type: type[E], handler: Callable[[E], Awaitable[None] | None]) -> Callable[[], None]:
     """Listen to TurnStarted, TurnEnded, UsageEvent or CompressionProgress; returns an
-    unsubscribe (calling it again does nothing)."""
+    unsubscribe (calling it again does nothing). Anything else raises TypeError: a handler
+    of a type no one emits would never run, silently."""
+    if event_type not in EVENTS:
+        names = ", ".join(e.__name__ for e in EVENTS)
+        raise TypeError(f"api.subscribe: {event_type!r} is no event; subscribe to one of {names}")
     bus: EventBus = runtime.get().bus
     return bus.subscribe(event_type, handler)
 

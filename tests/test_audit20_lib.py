@@ -1,0 +1,229 @@
+"""Audit 20: the product as a library, used the way the README's 「给其他插件用」, the `api`
+docstrings and DESIGN.md tell another NoneBot LLM plugin to use it: its own LLM call that only
+wants the memory, its own tools and system parts, child sessions, a summary model of its own,
+wrong arguments, many sessions at once. In-process on a private runtime (SQLite file in
+tmp_path, the scripted OpenAI-compatible server as chat and summary model) that `api` answers
+for."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from nonebot_plugin_memsum import api, runtime
+from tests.fakes.llm_server import Reply
+from tests.fakes.service import CHAT_MODEL, SUMMARY_MODEL, Env, Make, is_summary, settle
+
+PLUGIN_PERSONA = "你是日报插件的写作助手。"
+
+
+@pytest.fixture
+async def lib(make: Make, monkeypatch: pytest.MonkeyPatch) -> Env:
+    """A private runtime the `api` answers for (its tools, parts and listeners die with it)."""
+    env = await make(memsum_persona=PLUGIN_PERSONA)
+    monkeypatch.setattr(runtime, "_current", env.rt)
+    return env
+
+
+def said(n: int) -> api.Message:
+    return api.Message(role="user", content=f"[甲(1)] 第{n}句：今天的日报写什么" + "内容" * 20, name="1")
+
+
+# ---- a plugin with its own LLM call, using only the memory ------------------------------
+async def test_own_llm_call_records_reads_prompt_compresses_and_sees_progress(lib: Env) -> None:
+    session = await api.internal_session("a20lib:own")
+    for n in range(6):
+        await api.record(session, said(n))
+        await api.record(session, api.Message(role="assistant", content=f"第{n}条回答"))
+    progress: list[api.CompressionProgress] = []
+    stop = api.subscribe(api.CompressionProgress, progress.append)
+    result = await api.compress(session.id)
+    stop()
+    assert result.outcome == "done"
+    assert [(p.session_id, p.phase) for p in progress] == [(session.id, "start"), (session.id, "done")]
+    # The summary went to the summary model, not to the chat model.
+    [summary_request] = lib.model.summary_requests()
+    assert summary_request["model"] == lib.rt.registry.resolve("summary").model  # type: ignore[union-attr]
+    assert lib.rt.registry.resolve("summary").id == SUMMARY_MODEL  # type: ignore[union-attr]
+    # The plugin's own request: persona, the summary (last system part), then the history.
+    await api.record(session, api.Message(role="user", content="[甲(1)] 接着写", name="1"))
+    prompt = await api.build_prompt(session.id)
+    systems = [m["content"] for m in prompt.messages if m["role"] == "system"]
+    assert systems[0] == PLUGIN_PERSONA
+    assert "甲(1) 约大家周末爬山" in systems[-1]
+    assert prompt.messages[-1] == {"role": "user", "content": "[甲(1)] 接着写"}
+    assert [m.content for m in await api.history(session.id) if m.is_conversation][-1] == "[甲(1)] 接着写"
+    assert lib.model.chat_requests() == []  # reading the prompt calls no model
+
+
+async def test_compression_error_event_carries_the_reason_the_exception_carries(lib: Env) -> None:
+    session = await api.internal_session("a20lib:fails")
+    for n in range(4):
+        await api.record(session, said(n))
+    lib.model.summary.append(Reply(status=500, error="upstream down"))
+    lib.model.summary_default = Reply(status=500, error="upstream down")
+    progress: list[api.CompressionProgress] = []
+    stop = api.subscribe(api.CompressionProgress, progress.append)
+    with pytest.raises(api.CompressionError) as failed:
+        await api.compress(session.id)
+    stop()
+    assert failed.value.reason
+    assert [(p.phase, p.reason) for p in progress] == [("start", None), ("error", failed.value.reason)]
+    assert len([m for m in await api.history(session.id) if m.is_conversation]) == 4  # nothing lost
+
+
+async def test_record_mode_session_compresses_by_itself_on_record(lib: Env) -> None:
+    # README: 只想要记忆、不想多一个聊天机器人：MEMSUM_DEFAULT_MODE=record (here the session's own
+    # mode, as the owner sets it): recording alone reaches the count line and compresses.
+    session = await api.internal_session("a20lib:record-mode")
+    await lib.rt.settings.set("mode", "session", session.id, "record")
+    await lib.rt.settings.set("history_limit", "session", session.id, 6)
+    done = asyncio.Event()
+    stop = api.subscribe(api.CompressionProgress, lambda p: done.set() if p.phase == "done" else None)
+    for n in range(8):
+        await api.record(session, said(n))
+    await asyncio.wait_for(done.wait(), 30)
+    stop()
+    await settle(lib.rt)
+    assert (await api.status(session.id)).summary is not None
+    assert lib.model.chat_requests() == []
+
+
+# ---- a plugin that lets the built-in agent answer -----------------------------------------
+async def test_run_turn_events_in_order_with_one_turn_id(lib: Env) -> None:
+    session = await api.internal_session("a20lib:turn")
+    await api.record(session, api.Message(role="user", content="[甲(1)] 你好", name="1"))
+    seen: list[Any] = []
+    stops = [api.subscribe(t, seen.append) for t in (api.TurnStarted, api.TurnEnded, api.UsageEvent)]
+    replies: list[str] = []
+
+    async def send(text: str) -> None:
+        replies.append(text)
+
+    assert await api.run_turn(session.id, send) == "replied"
+    for stop in stops:
+        stop()
+    assert replies == ["好的"]
+    started, before, after, ended = seen
+    assert isinstance(started, api.TurnStarted)
+    assert isinstance(ended, api.TurnEnded)
+    assert isinstance(before, api.UsageEvent)
+    assert before.turn_id is None
+    assert isinstance(after, api.UsageEvent)
+    assert after.turn_id == started.turn_id == ended.turn_id
+    assert after.model_id == CHAT_MODEL
+    assert ended.outcome == "replied"
+    # Nothing new: no model call, no events.
+    assert await api.run_turn(session.id, send) == "silent"
+    assert len(lib.model.chat_requests()) == 1
+
+
+async def test_own_tool_is_offered_called_with_its_session_and_its_result_stored(lib: Env) -> None:
+    session = await api.internal_session("a20lib:tool")
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    @api.tool("daily_report", "读取今日报告", {"type": "object", "properties": {"day": {"type": "string"}}})
+    async def report(ctx: api.ToolContext, args: dict[str, Any]) -> str:
+        calls.append((ctx.session_id, args))
+        return "报告：一切正常"
+
+    call = {"id": "c1", "name": "daily_report", "arguments": '{"day": "today"}'}
+    lib.model.chat.extend([Reply("", tool_calls=[call], finish_reason="tool_calls"), Reply("一切正常")])
+    await api.record(session, api.Message(role="user", content="[甲(1)] 今天怎么样", name="1"))
+    assert await api.run_turn(session.id) == "replied"
+    assert calls == [(session.id, {"day": "today"})]
+    offered = [t["function"]["name"] for t in lib.model.chat_requests()[0]["tools"]]
+    assert "daily_report" in offered
+    stored = await api.history(session.id)
+    assert [m.content for m in stored if m.role == "tool"] == ["报告：一切正常"]
+    with pytest.raises(api.ToolNameTaken, match="daily_report"):
+        api.tool("daily_report", "别的", {"type": "object", "properties": {}})(report)
+
+
+async def test_contribution_lands_before_the_summary_for_its_session_only(lib: Env) -> None:
+    a = await api.internal_session("a20lib:contrib-a")
+    b = await api.internal_session("a20lib:contrib-b")
+    api.contribute("weather", lambda sid: "天气：晴" if sid == a.id else None)
+    for s in (a, b):
+        await api.record(s, said(1))
+    await api.compress(a.id)
+    systems_a = [m["content"] for m in (await api.build_prompt(a.id)).messages if m["role"] == "system"]
+    systems_b = [m["content"] for m in (await api.build_prompt(b.id)).messages if m["role"] == "system"]
+    assert systems_a[1] == "天气：晴"
+    assert "摘要" in systems_a[-1]
+    assert "天气：晴" not in systems_b
+
+
+# ---- child sessions --------------------------------------------------------------------------
+async def test_child_session_has_its_own_history_and_turn(lib: Env) -> None:
+    parent = await api.internal_session("a20lib:parent")
+    await api.record(parent, api.Message(role="user", content="[甲(1)] 父会话的话", name="1"))
+    child = await api.child_session(parent.id, "a20lib:parent/child")
+    assert child.parent == parent.id
+    assert child.kind == "child"
+    await api.record(child, api.Message(role="user", content="[甲(1)] 子任务", name="1"))
+    assert await api.run_turn(child.id) == "replied"
+    [request] = lib.model.chat_requests()
+    assert [m["content"] for m in request["messages"] if m["role"] == "user"] == ["[甲(1)] 子任务"]
+    assert [m.content for m in await api.history(parent.id)] == ["[甲(1)] 父会话的话"]
+    # A child record of the plugin's own making (parent set) is created on first record.
+    own = api.SessionRecord(id="a20lib:parent/own", platform=None, kind="child", parent=parent.id)
+    await api.record(own, api.Message(role="user", content="[甲(1)] 自建子会话", name="1"))
+    assert await api.child_session(parent.id, own.id) == await lib.rt.store.get_session(own.id)
+
+
+# ---- many sessions at once ----------------------------------------------------------------------
+async def test_many_sessions_at_once_each_gets_its_own_answer(lib: Env) -> None:
+    def echo(body: dict[str, Any]) -> Reply:
+        return Reply("回：" + body["messages"][-1]["content"])
+
+    lib.model.chat_default = echo
+    sessions = [await api.internal_session(f"a20lib:many:{i}") for i in range(24)]
+
+    async def one(i: int) -> tuple[str, list[str]]:
+        s = sessions[i]
+        for k in range(3):
+            await api.record(s, api.Message(role="user", content=f"[甲(1)] 会话{i}第{k}句", name="1"))
+        replies: list[str] = []
+
+        async def send(text: str) -> None:
+            replies.append(text)
+
+        return await api.run_turn(s.id, send), replies
+
+    results = await asyncio.gather(*(one(i) for i in range(24)))
+    for i, (outcome, replies) in enumerate(results):
+        assert outcome == "replied"
+        assert replies == [f"回：[甲(1)] 会话{i}第2句"]
+        assert [m.content for m in await api.history(sessions[i].id)] == [
+            f"[甲(1)] 会话{i}第0句",
+            f"[甲(1)] 会话{i}第1句",
+            f"[甲(1)] 会话{i}第2句",
+            f"回：[甲(1)] 会话{i}第2句",
+        ]
+
+
+async def test_many_writers_into_one_session_lose_nothing(lib: Env) -> None:
+    session = await api.internal_session("a20lib:writers")
+
+    async def writer(w: int) -> None:
+        for k in range(10):
+            await api.record(session, api.Message(role="user", content=f"[甲(1)] w{w}-{k}", name="1"))
+
+    await asyncio.gather(*(writer(w) for w in range(8)))
+    contents = [m.content for m in await api.history(session.id)]
+    assert sorted(contents) == sorted(f"[甲(1)] w{w}-{k}" for w in range(8) for k in range(10))
+    for w in range(8):  # each writer's own order kept
+        mine = [c for c in contents if c.startswith(f"[甲(1)] w{w}-")]
+        assert mine == [f"[甲(1)] w{w}-{k}" for k in range(10)]
+    assert not any(is_summary(b) for b in lib.model.llm.requests)
+
+
+# ---- wrong arguments: a clear error at the call, nothing registered or lost -------------------
+async def test_subscribe_to_something_that_is_no_event_is_refused(lib: Env) -> None:
+    with pytest.raises(TypeError, match="UsageEvent"):
+        api.subscribe("UsageEvent", print)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="CompressionProgress"):
+        api.subscribe(api.Message, print)
