@@ -176,7 +176,10 @@ async def _existing(session_id: str) -> SessionRecord:
 
 def contribute(anchor: str, fn: Callable[[str], Awaitable[str | None] | str | None]) -> None:
     """Add a system part to every prompt under `anchor` (`context` is the last, before history):
-    `fn(session_id)`, a coroutine function or a plain one, returns its text (None or "": none)."""
+    `fn(session_id)`, a coroutine function or a plain one, returns its text (None or "": none).
+    Anything but a function raises TypeError: it would fail every prompt, in the log only."""
+    if not callable(fn):
+        raise TypeError(f"api.contribute({anchor!r}, ...): give a function of the session id, not {fn!r}")
     runtime.get().agent.contribute(anchor, fn)
 
 

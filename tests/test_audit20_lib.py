@@ -227,3 +227,12 @@ async def test_subscribe_to_something_that_is_no_event_is_refused(lib: Env) -> N
         api.subscribe("UsageEvent", print)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="CompressionProgress"):
         api.subscribe(api.Message, print)
+
+
+async def test_contribute_something_that_is_no_function_is_refused(lib: Env) -> None:
+    session = await api.internal_session("a20lib:bad-contrib")
+    await api.record(session, said(1))
+    with pytest.raises(TypeError, match="weather"):
+        api.contribute("weather", "天气：晴")  # type: ignore[arg-type]
+    prompt = await api.build_prompt(session.id)
+    assert [m["content"] for m in prompt.messages if m["role"] == "system"] == [PLUGIN_PERSONA]
