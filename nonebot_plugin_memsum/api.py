@@ -32,6 +32,7 @@ from nonebot_plugin_memsum.agent.turn import Entry, ReplyFn
 from nonebot_plugin_memsum.compression.service import CompressionResult, SessionStatus
 from nonebot_plugin_memsum.errors import (
     BadToolName,
+    BadToolSchema,
     CompressionCancelled,
     CompressionError,
     MemsumError,
@@ -49,6 +50,7 @@ EVENTS = (TurnStarted, TurnEnded, UsageEvent, CompressionProgress)
 
 __all__ = [
     "BadToolName",
+    "BadToolSchema",
     "CompressionCancelled",
     "CompressionError",
     "CompressionProgress",
@@ -189,7 +191,9 @@ def tool(
     """Decorator offering a function to the chat model as a tool. A name already offered (the
     built-in `recall` and `todo_write`, or another plugin's tool) raises ToolNameTaken naming
     it; `replace=True` replaces that tool on purpose. A name the model APIs refuse (anything
-    but 1 to 64 of a-z, A-Z, 0-9, `_` and `-`: no Chinese, spaces or dots) raises BadToolName."""
+    but 1 to 64 of a-z, A-Z, 0-9, `_` and `-`: no Chinese, spaces or dots) raises BadToolName;
+    parameters they refuse (anything but a JSON Schema object of `"type": "object"`) raise
+    BadToolSchema."""
     return runtime.get().tools.tool(name, description, parameters, replace=replace)
 
 

@@ -7,6 +7,7 @@
     ├── TurnInProgress            `api.run_turn` called inside that session's own turn (also a RuntimeError)
     ├── ToolNameTaken             `api.tool` was given a name already offered to the model (also a ValueError)
     ├── BadToolName               `api.tool` was given a name the model APIs refuse (also a ValueError)
+    ├── BadToolSchema             `api.tool` was given parameters the model APIs refuse (also a ValueError)
     ├── StoreError                the SQLite file cannot be opened, read or written
     │   ├── ClearedMeanwhile      not stored: the context was cleared since the turn read it
     │   └── SchemaTooNewError     the file was written by a newer version of the plugin
@@ -96,6 +97,19 @@ class BadToolName(MemsumError, ValueError):
         super().__init__(
             f"tool name {name!r} would make the model API refuse every request: use 1 to 64 of"
             " a-z, A-Z, 0-9, '_' and '-' (say what the tool does in Chinese in its description)"
+        )
+        self.name = name
+
+
+class BadToolSchema(MemsumError, ValueError):
+    """Tool parameters OpenAI-compatible APIs refuse, or that cannot be sent at all: not a
+    JSON Schema object of `"type": "object"` made of JSON values. Offered, they would fail
+    every request of every session."""
+
+    def __init__(self, name: str, why: str) -> None:
+        super().__init__(
+            f"the parameters of tool {name!r} {why}: give a JSON Schema object such as"
+            ' {"type": "object", "properties": {...}}'
         )
         self.name = name
 

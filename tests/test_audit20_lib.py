@@ -236,3 +236,42 @@ async def test_contribute_something_that_is_no_function_is_refused(lib: Env) -> 
         api.contribute("weather", "天气：晴")  # type: ignore[arg-type]
     prompt = await api.build_prompt(session.id)
     assert [m["content"] for m in prompt.messages if m["role"] == "system"] == [PLUGIN_PERSONA]
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [
+        "{}",  # JSON text, not a schema object
+        {"type": "array", "items": {"type": "string"}},  # OpenAI: the parameters must be an object
+        {"type": "object", "properties": {"when": {"type": "string", "default": {1, 2}}}},  # no JSON
+    ],
+)
+async def test_tool_whose_parameters_no_model_api_takes_is_refused_at_once(lib: Env, parameters: Any) -> None:
+    # OpenAI answers such a request with a 400: "Invalid schema for function 'sendEmailTool': schema
+    # must be a JSON Schema of 'type: \"object\"', got 'type: \"string\"'." (quoted in
+    # https://github.com/alibaba/spring-ai-alibaba/issues/4576); what JSON cannot carry never goes out.
+    session = await api.internal_session("a20lib:bad-tool")
+    refused: ValueError | None = None
+    try:
+        api.tool("bad_schema", "坏的参数", parameters)(lambda ctx, args: "x")
+    except ValueError as err:
+        refused = err
+    # Every other turn goes on as before: the tool was never offered.
+    await api.record(session, said(1))
+    assert await api.run_turn(session.id) == "replied"
+    assert "bad_schema" not in [t["function"]["name"] for t in lib.model.chat_requests()[-1]["tools"]]
+    assert isinstance(refused, api.BadToolSchema)
+    assert "bad_schema" in str(refused)
+
+
+async def test_unknown_session_and_unknown_clear_kind(lib: Env) -> None:
+    with pytest.raises(api.SessionNotFound, match="a20lib:never"):
+        await api.run_turn("a20lib:never")
+    with pytest.raises(LookupError):
+        await api.build_prompt("a20lib:never")
+    with pytest.raises(api.SessionNotFound):
+        await api.child_session("a20lib:never", "a20lib:never/child")
+    assert await lib.rt.store.get_session("a20lib:never/child") is None
+    with pytest.raises(ValueError, match="summary"):
+        await api.clear("a20lib:never", "summry")  # type: ignore[arg-type]
+    assert (await api.compress("a20lib:never")).outcome == "nothing"

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from nonebot.log import logger
 
-from nonebot_plugin_memsum.errors import BadToolName, ToolNameTaken
+from nonebot_plugin_memsum.errors import BadToolName, BadToolSchema, ToolNameTaken
 from nonebot_plugin_memsum.store import Store
 
 TODO_NAMESPACE = "todo"
@@ -53,6 +53,22 @@ class Tool:
         }
 
 
+def checked_parameters(name: str, parameters: object) -> dict[str, Any]:
+    """A copy of a tool's parameters as they will be sent, or BadToolSchema: OpenAI answers a
+    request whose tool parameters are not a schema of type object with a 400 ("schema must be a
+    JSON Schema of 'type: \"object\"'"), and what JSON cannot carry fails the request before it
+    goes out; either way every turn would fail. A copy, so a later change of the caller's dict
+    does not reach the requests."""
+    if not isinstance(parameters, Mapping):
+        raise BadToolSchema(name, f"are {type(parameters).__name__}, not a mapping")
+    if parameters.get("type") != "object":
+        raise BadToolSchema(name, f"have type {parameters.get('type')!r}, not 'object'")
+    try:
+        return json.loads(json.dumps(parameters, allow_nan=False))
+    except (TypeError, ValueError) as err:
+        raise BadToolSchema(name, f"are not JSON ({err})") from None
+
+
 class ToolRegistry:
     """The tools offered to the chat model."""
 
@@ -71,9 +87,11 @@ class ToolRegistry:
     ) -> Callable[[ToolFn], ToolFn]:
         """Decorator: `@registry.tool("weather", "…", {"type": "object", …})`. A name already
         registered raises ToolNameTaken unless `replace` (`builtin`: the plugin's own tools);
-        one the model APIs refuse (TOOL_NAME) raises BadToolName at once."""
+        one the model APIs refuse (TOOL_NAME) raises BadToolName at once, parameters they
+        refuse (`checked_parameters`) BadToolSchema."""
         if not TOOL_NAME.fullmatch(name):
             raise BadToolName(name)
+        parameters = checked_parameters(name, parameters)
 
         def register(fn: ToolFn) -> ToolFn:
             if name in self._tools and not replace:
