@@ -127,7 +127,15 @@ async def record(session: SessionRecord, message: Message) -> Message:
     """Store one message in a session's history (creating the session on first use; a new
     child copies its parent's effective settings then, as `child_session` does: R-CFG-3).
     In a 仅记录 session (MEMSUM_DEFAULT_MODE=record) no turn ends to judge the lines, so the
-    message is judged as the OneBot layer judges what it records: the memory still compresses."""
+    message is judged as the OneBot layer judges what it records: the memory still compresses.
+    A session id in place of the record, or a dict in place of the Message, raises TypeError."""
+    if not isinstance(session, SessionRecord):
+        raise TypeError(
+            f"api.record takes the SessionRecord that api.internal_session or api.child_session"
+            f" returned, not {session!r}"
+        )
+    if not isinstance(message, Message):
+        raise TypeError(f"api.record stores an api.Message(role=..., content=...), not {message!r}")
     rt = runtime.get()
     if session.parent is not None and await rt.store.get_session(session.id) is None:
         await rt.settings.create_child(session, None, None)

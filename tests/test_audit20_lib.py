@@ -264,6 +264,15 @@ async def test_tool_whose_parameters_no_model_api_takes_is_refused_at_once(lib: 
     assert "bad_schema" in str(refused)
 
 
+async def test_record_given_a_session_id_says_to_pass_the_session(lib: Env) -> None:
+    session = await api.internal_session("a20lib:by-id")
+    with pytest.raises(TypeError, match="internal_session"):
+        await api.record(session.id, said(1))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"api\.Message"):
+        await api.record(session, {"role": "user", "content": "x"})  # type: ignore[arg-type]
+    assert await api.history(session.id) == []
+
+
 async def test_unknown_session_and_unknown_clear_kind(lib: Env) -> None:
     with pytest.raises(api.SessionNotFound, match="a20lib:never"):
         await api.run_turn("a20lib:never")
