@@ -8,13 +8,19 @@ for."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from nonebot_plugin_memsum import api, runtime
-from tests.fakes.llm_server import Reply
-from tests.fakes.service import CHAT_MODEL, SUMMARY_MODEL, Env, Make, is_summary, settle
+from tests.fakes.llm_server import Reply, ScriptedLLM
+from tests.fakes.service import CHAT_MODEL, SUMMARY_MODEL, Env, Make, Model, is_summary, settle
 
 PLUGIN_PERSONA = "你是日报插件的写作助手。"
 
@@ -284,3 +290,149 @@ async def test_unknown_session_and_unknown_clear_kind(lib: Env) -> None:
     with pytest.raises(ValueError, match="summary"):
         await api.clear("a20lib:never", "summry")  # type: ignore[arg-type]
     assert (await api.compress("a20lib:never")).outcome == "nothing"
+
+
+# ---- as NoneBot loads it: other plugins that `require` it, in a NoneBot process of their own ----
+REPO = Path(__file__).resolve().parents[1]
+HOST = """
+import asyncio, json, sys
+repo, plugins_dir, setup = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+sys.path[:0] = [repo, plugins_dir]
+import nonebot
+from nonebot.adapters.onebot.v11 import Adapter
+nonebot.init(**setup["config"])
+nonebot.get_driver().register_adapter(Adapter)
+loaded = {name: nonebot.load_plugin(name) is not None for name in setup["plugins"]}
+import scenario
+
+
+async def main():
+    # NoneBot's own start-up and shutdown hooks, through the ASGI lifespan as nonebug runs them.
+    from async_asgi_testclient import TestClient
+
+    out = {"loaded": loaded, "before": await scenario.before()}
+    async with TestClient(nonebot.get_driver().asgi):
+        out["during"] = await scenario.during()
+    out["after"] = await scenario.after()
+    print("RESULT " + json.dumps(out, ensure_ascii=False))
+
+
+asyncio.run(main())
+"""
+
+
+def readme_example() -> str:
+    """The code of README 「给其他插件用」, as written."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = text.split("## 给其他插件用", 1)[1].split("\n## ", 1)[0]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+async def host(tmp_path: Path, llm: ScriptedLLM, files: dict[str, str], **config: Any) -> dict[str, Any]:
+    """Run NoneBot in a process of its own with the plugins in `files` (module path → source;
+    `scenario.py` holds `before`, `during` and `after`, the steps around start-up and shutdown)
+    and the plugin's models on `llm`; what the steps returned."""
+    plugins = tmp_path / "plugins"
+    for path, source in files.items():
+        (plugins / path).parent.mkdir(parents=True, exist_ok=True)
+        (plugins / path).write_text(source, encoding="utf-8")
+    names = [p.split("/")[0].removesuffix(".py") for p in files if p != "scenario.py"]
+    data = tmp_path / "data"
+    setup = {
+        "plugins": names,
+        "config": {
+            "driver": "~fastapi",
+            "superusers": ["10001"],
+            "memsum_db_path": str(data / "memsum.db"),
+            "localstore_data_dir": str(data / "ls-data"),
+            "localstore_cache_dir": str(data / "ls-cache"),
+            "localstore_config_dir": str(data / "ls-config"),
+            "memsum_models": [
+                llm.model_config(CHAT_MODEL, priority=1),
+                llm.model_config(SUMMARY_MODEL),
+            ],
+            "memsum_chat_model": CHAT_MODEL,
+            "memsum_summary_model": SUMMARY_MODEL,
+            "memsum_persona": PLUGIN_PERSONA,
+            **config,
+        },
+    }
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        HOST,
+        str(REPO),
+        str(plugins),
+        json.dumps(setup),
+        cwd=tmp_path,
+        env={**env, "HOME": str(tmp_path)},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    log = out.decode("utf-8", "replace")
+    results = [line for line in log.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0, log[-4000:]
+    assert results, log[-4000:]
+    return {**json.loads(results[-1].removeprefix("RESULT ")), "log": log}
+
+
+@pytest.fixture
+def models() -> Iterator[Model]:
+    """The chat and the summary model, answered by kind (tests/fakes/service.py)."""
+    with ScriptedLLM() as llm:
+        yield Model(llm)
+
+
+NO_STEPS = """
+async def before():
+    return None
+
+
+async def during():
+    return None
+
+
+async def after():
+    return None
+"""
+
+
+async def test_readme_example_runs_as_written_once_per_event(tmp_path: Path, models: Model) -> None:
+    # The README's code block, word for word, with the one name it leaves to the reader.
+    plugin = readme_example() + '\n\ndef fetch_weather_text() -> str:\n    return "天气：晴"\n'
+    scenario = """
+import contextlib, io
+from nonebot_plugin_memsum import api
+
+
+async def before():
+    return None
+
+
+async def during():
+    import readme_plugin
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        for _ in range(3):  # as a handler runs: once per event
+            await readme_plugin.on_something("onebot:group:1")
+    return {"printed": printed.getvalue().splitlines()}
+
+
+async def after():
+    return None
+"""
+    out = await host(tmp_path, models.llm, {"readme_plugin/__init__.py": plugin, "scenario.py": scenario})
+    assert out["loaded"] == {"readme_plugin": True}
+    printed = out["during"]["printed"]
+    # Each turn: a usage line before the model call and one after it (not one more per call
+    # before it, as when the example subscribed inside the handler), then the answer.
+    assert printed[2::3] == ["好的"] * 3
+    assert printed[1::3] == ["100 32000"] * 3  # the usage the model reported, the window
+    assert all(re.fullmatch(r"\d+ 32000", p) for p in printed[0::3]), printed  # the estimate
+    # The weather once in every prompt (the example contributed it on every call before).
+    for request in models.chat_requests():
+        systems = [m["content"] for m in request["messages"] if m["role"] == "system"]
+        assert systems == [PLUGIN_PERSONA, "天气：晴"]
