@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from nonebot_plugin_memsum import api, runtime
+from tests.fakes.e2e import query
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.service import CHAT_MODEL, SUMMARY_MODEL, Env, Make, Model, is_summary, settle
 
@@ -436,3 +437,181 @@ async def after():
     for request in models.chat_requests():
         systems = [m["content"] for m in request["messages"] if m["role"] == "system"]
         assert systems == [PLUGIN_PERSONA, "天气：晴"]
+
+
+PLUGIN_A = """
+from nonebot import get_driver, require
+
+require("nonebot_plugin_memsum")
+from nonebot_plugin_memsum import api
+
+SESSION = "plugin-a:notes"
+try:  # at import, before NoneBot started: a clear error, nothing half-registered
+    api.contribute("a-notes", lambda sid: "A 的备注")
+    AT_IMPORT = None
+except RuntimeError as err:
+    AT_IMPORT = f"{type(err).__name__}: {err}"
+
+
+@get_driver().on_startup
+async def _register() -> None:
+    api.contribute("a-notes", lambda sid: "A 的备注" if sid == SESSION else None)
+
+    @api.tool("a_lookup", "A 插件的查询", {"type": "object", "properties": {}})
+    async def lookup(ctx: api.ToolContext, args: dict) -> str:
+        return "A 的结果"
+
+
+@get_driver().on_shutdown
+async def _bye() -> None:  # NoneBot runs shutdown hooks in reverse: memsum is still up
+    session = await api.internal_session(SESSION)
+    await api.record(session, api.Message(role="user", content="[系统(0)] A 关闭"))
+"""
+PLUGIN_B = """
+from nonebot import get_driver, require
+
+require("nonebot_plugin_memsum")
+from nonebot_plugin_memsum import api
+
+SESSION = "plugin-b:chat"
+ENDED: list = []
+TAKEN: list = []
+
+
+@get_driver().on_startup
+async def _register() -> None:
+    api.subscribe(api.TurnEnded, lambda e: ENDED.append([e.session_id, e.outcome]))
+    try:
+        api.tool("a_lookup", "B 也想要这个名字", {"type": "object", "properties": {}})(lambda c, a: "B")
+    except api.ToolNameTaken as err:
+        TAKEN.append(str(err))
+"""
+TWO_PLUGINS = """
+import asyncio
+from nonebot_plugin_memsum import api
+import plugin_a, plugin_b
+
+
+async def before():
+    try:
+        await api.internal_session("too-early")
+    except RuntimeError as err:
+        return {"import": plugin_a.AT_IMPORT, "call": f"{type(err).__name__}: {err}"}
+
+
+async def during():
+    async def plugin(session_id, n):
+        session = await api.internal_session(session_id)
+        for k in range(n):
+            await api.record(session, api.Message(role="user", content=f"[甲(1)] {session_id} 第{k}句"))
+        return await api.run_turn(session.id)
+
+    outcomes = await asyncio.gather(plugin(plugin_a.SESSION, 5), plugin(plugin_b.SESSION, 5))
+    compressed = await api.compress(plugin_b.SESSION)
+    return {
+        "outcomes": outcomes,
+        "ended": sorted(plugin_b.ENDED),
+        "taken": plugin_b.TAKEN,
+        "compressed": compressed.outcome,
+    }
+
+
+async def after():
+    try:
+        await api.history(plugin_a.SESSION)
+    except RuntimeError as err:
+        return f"{type(err).__name__}: {err}"
+"""
+
+
+async def test_two_plugins_require_it_in_one_process_before_during_and_after_start(
+    tmp_path: Path, models: Model
+) -> None:
+    files = {"plugin_a/__init__.py": PLUGIN_A, "plugin_b/__init__.py": PLUGIN_B, "scenario.py": TWO_PLUGINS}
+    out = await host(tmp_path, models.llm, files)
+    assert out["loaded"] == {"plugin_a": True, "plugin_b": True}
+    not_started = "NotStarted: nonebot-plugin-memsum is not started yet (NoneBot on_startup has not run)"
+    assert out["before"] == {"import": not_started, "call": not_started}
+    assert out["after"] == not_started
+    during = out["during"]
+    assert during["outcomes"] == ["replied", "replied"]
+    assert during["ended"] == [["plugin-a:notes", "replied"], ["plugin-b:chat", "replied"]]
+    [taken] = during["taken"]
+    assert "a_lookup" in taken
+    assert "another plugin" in taken
+    assert during["compressed"] == "done"
+    by_session = {r["messages"][-1]["content"].split()[1]: r for r in models.chat_requests()}
+    for session_id, request in by_session.items():
+        systems = [m["content"] for m in request["messages"] if m["role"] == "system"]
+        assert ("A 的备注" in systems) == (session_id == "plugin-a:notes")
+        assert "a_lookup" in [t["function"]["name"] for t in request["tools"]]
+    # The summary went to the summary model; the chat to the chat model.
+    [summary] = models.summary_requests()
+    assert summary["model"] != by_session["plugin-b:chat"]["model"]
+    # Everything is in the SQLite file, with what plugin A recorded in its own shutdown hook.
+    rows = await query(
+        tmp_path / "data" / "memsum.db", "SELECT content FROM messages WHERE session_id = ?", "plugin-a:notes"
+    )
+    assert [r[0] for r in rows] == [
+        *(f"[甲(1)] plugin-a:notes 第{k}句" for k in range(5)),
+        "好的",
+        "[系统(0)] A 关闭",
+    ]
+
+
+MEMORY_ONLY = """
+import asyncio
+from nonebot_plugin_memsum import api
+
+
+
+
+async def before():
+    return None
+
+
+async def after():
+    return None
+
+
+async def during():
+    # A plugin with its own LLM call: it records both sides and reads the prompt for its request.
+    done = asyncio.Event()
+    api.subscribe(api.CompressionProgress, lambda p: done.set() if p.phase == "done" else None)
+    session = await api.internal_session("own-llm:1")
+    for k in range(4):
+        await api.record(session, api.Message(role="user", content=f"[甲(1)] 问题{k}", name="1"))
+        await api.record(session, api.Message(role="assistant", content=f"回答{k}"))
+    await asyncio.wait_for(done.wait(), 30)
+    await api.record(session, api.Message(role="user", content="[甲(1)] 新问题", name="1"))
+    prompt = await api.build_prompt(session.id)
+    status = await api.status(session.id)
+    return {
+        "systems": [m["content"] for m in prompt.messages if m["role"] == "system"],
+        "last": prompt.messages[-1],
+        "summary": status.summary,
+        "turn": await api.run_turn(session.id),
+    }
+"""
+
+
+async def test_default_mode_record_gives_a_plugin_the_memory_and_it_compresses(
+    tmp_path: Path, models: Model
+) -> None:
+    # README: 只想要记忆、不想多一个聊天机器人：MEMSUM_DEFAULT_MODE=record.
+    out = await host(
+        tmp_path,
+        models.llm,
+        {
+            "memory_user.py": 'from nonebot import require\n\nrequire("nonebot_plugin_memsum")\n',
+            "scenario.py": MEMORY_ONLY,
+        },
+        memsum_default_mode="record",
+        memsum_history_limit=6,
+    )
+    during = out["during"]
+    assert during["summary"] is not None
+    assert "甲(1) 约大家周末爬山" in during["systems"][-1]  # the summary, last before the history
+    assert during["last"] == {"role": "user", "content": "[甲(1)] 新问题"}
+    assert during["turn"] == "replied"  # a plugin that runs a turn itself decides to answer
+    assert len(models.summary_requests()) == 1
