@@ -615,3 +615,15 @@ async def test_default_mode_record_gives_a_plugin_the_memory_and_it_compresses(
     assert during["last"] == {"role": "user", "content": "[甲(1)] 新问题"}
     assert during["turn"] == "replied"  # a plugin that runs a turn itself decides to answer
     assert len(models.summary_requests()) == 1
+
+
+async def test_run_turn_with_a_plain_reply_function_delivers_once_and_logs_no_failure(lib: Env) -> None:
+    # Tools and contributions may be plain functions (README); a reply function as well:
+    # `print` or a list's `append` is what a plugin passes to see the answer.
+    session = await api.internal_session("a20lib:plain-reply")
+    await api.record(session, said(1))
+    replies: list[str] = []
+    assert await api.run_turn(session.id, replies.append) == "replied"
+    assert replies == ["好的"]
+    assert not [w for w in lib.warnings if "could not send" in w], lib.warnings
+    assert [m.content for m in await api.history(session.id)][-1] == "好的"

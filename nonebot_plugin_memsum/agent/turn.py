@@ -66,7 +66,8 @@ from .prompt import Prompt, assemble, contribution_order, cut_text, now_line, to
 from .tools import ToolContext, ToolRegistry
 from .wire import wire_forms
 
-ReplyFn = Callable[[str], Awaitable[None]]
+ReplyFn = Callable[[str], Awaitable[None] | None]
+"""How a turn hands its answer out: a coroutine function, or a plain one (`print`, a list's `append`)."""
 OWN_SEND: ContextVar[bool] = ContextVar("memsum_own_send", default=False)
 """True while the plugin sends something of its own (a turn's answer through its reply
 function, whoever wrote that; the OneBot layer's replies): what the bot account says then
@@ -884,7 +885,9 @@ async def _quietly(reply: ReplyFn, text: str, session_id: str) -> bool:
         return True
     try:
         with own_send():
-            await reply(text)
+            sent = reply(text)
+            if inspect.isawaitable(sent):
+                await sent
     except Exception as err:
         logger.warning(f"memsum: could not send a reply to {session_id}: {type(err).__name__}: {err}")
         return not isinstance(err, NotDelivered)

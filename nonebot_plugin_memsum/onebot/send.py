@@ -13,7 +13,7 @@ from nonebot.exception import ApiNotAvailable, NetworkError, WebSocketClosed
 from nonebot.log import logger
 
 from nonebot_plugin_memsum import runtime
-from nonebot_plugin_memsum.agent.turn import ReplyFn, own_send
+from nonebot_plugin_memsum.agent.turn import own_send
 from nonebot_plugin_memsum.compression import request
 from nonebot_plugin_memsum.errors import NotDelivered, StoreError
 
@@ -25,7 +25,7 @@ NOT_SENT = (ApiNotAvailable, WebSocketClosed)
 """What a send raises when the account has no connection: nothing went out."""
 
 
-def replier(bot: Bot, event: MessageEvent) -> ReplyFn:
+def replier(bot: Bot, event: MessageEvent) -> Callable[[str], Awaitable[None]]:
     """How a turn answers this event: in a group, quoting it, unless it was withdrawn (撤回)
     meanwhile (the turn answers the others it read: a quote of a withdrawn one shows nothing)."""
 
