@@ -59,6 +59,7 @@ __all__ = [
     "MemsumError",
     "Message",
     "NotDelivered",
+    "Prompt",
     "SearchHit",
     "SessionNotFound",
     "SessionRecord",

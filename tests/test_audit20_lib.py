@@ -8,10 +8,12 @@ for."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import re
 import sys
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -627,3 +629,23 @@ async def test_run_turn_with_a_plain_reply_function_delivers_once_and_logs_no_fa
     assert replies == ["好的"]
     assert not [w for w in lib.warnings if "could not send" in w], lib.warnings
     assert [m.content for m in await api.history(session.id)][-1] == "好的"
+
+
+def test_every_type_the_api_functions_take_or_give_is_exported() -> None:
+    # A typed plugin writes `prompt: api.Prompt`; a name missing from `__all__` is private to a
+    # type checker (pyright's reportPrivateImportUsage on a py.typed package).
+    found: set[type] = set()
+
+    def walk(hint: Any) -> None:
+        for arg in typing.get_args(hint):
+            walk(arg)
+        origin = typing.get_origin(hint) or hint
+        if isinstance(origin, type) and origin.__module__.startswith("nonebot_plugin_memsum"):
+            found.add(origin)
+
+    for name in api.__all__:
+        fn = getattr(api, name)
+        if inspect.isfunction(fn):
+            for hint in typing.get_type_hints(fn, dict(vars(api))).values():
+                walk(hint)
+    assert sorted(t.__name__ for t in found if t.__name__ not in api.__all__) == []
