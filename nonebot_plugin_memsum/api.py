@@ -105,10 +105,17 @@ async def internal_session(session_id: str) -> SessionRecord:
 async def child_session(parent_id: str, session_id: str, entry: Entry = Entry()) -> SessionRecord:
     """A session spawned from another. Creating it copies the parent's effective settings
     (R-CFG-3); a later call returns the existing child and copies nothing. Raises
-    SessionNotFound when the parent does not exist (nothing is created)."""
+    SessionNotFound when the parent does not exist (nothing is created), and ValueError when
+    `session_id` is taken by a session that is not this parent's child (one history for both)."""
     rt = runtime.get()
     existing = await rt.store.get_session(session_id)
     if existing is not None:
+        if existing.parent != parent_id:
+            whose = f"a child of {existing.parent!r}" if existing.parent else "no child session"
+            raise ValueError(
+                f"api.child_session({parent_id!r}, {session_id!r}): {session_id!r} exists already and is"
+                f" {whose}; choose another id"
+            )
         return existing
     parent = await rt.store.get_session(parent_id)
     if parent is None:

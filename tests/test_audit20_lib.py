@@ -649,3 +649,43 @@ def test_every_type_the_api_functions_take_or_give_is_exported() -> None:
             for hint in typing.get_type_hints(fn, dict(vars(api))).values():
                 walk(hint)
     assert sorted(t.__name__ for t in found if t.__name__ not in api.__all__) == []
+
+
+async def test_a_failed_turn_ends_with_error_and_a_failing_listener_loses_nothing(lib: Env) -> None:
+    session = await api.internal_session("a20lib:turn-fails")
+    await api.record(session, said(1))
+    ended: list[api.TurnEnded] = []
+
+    def broken(event: api.UsageEvent) -> None:
+        raise RuntimeError("a listener's own bug")
+
+    stops = [api.subscribe(api.UsageEvent, broken), api.subscribe(api.TurnEnded, ended.append)]
+    answers = lib.model.chat_default
+    lib.model.chat_default = Reply(status=500, error="upstream down")  # retries too
+    replies: list[str] = []
+    assert await api.run_turn(session.id, replies.append) == "error"
+    lib.model.chat_default = answers
+    assert [(e.session_id, e.outcome) for e in ended] == [(session.id, "error")]
+    assert replies == [lib.rt.config.memsum_error_reply]  # MEMSUM_ERROR_REPLY, as in a chat
+    # The error reply answered it, as in a chat; asked again, the next turn answers, despite
+    # the broken listener.
+    await api.record(session, said(2))
+    assert await api.run_turn(session.id, replies.append) == "replied"
+    for stop in stops:
+        stop()
+    assert replies[-1] == "好的"
+    conversation = [m.content for m in await api.history(session.id) if m.is_conversation]
+    assert conversation == [said(1).content, said(2).content, "好的"]
+
+
+async def test_child_session_under_another_parent_is_refused_not_shared(lib: Env) -> None:
+    # Two groups' tasks under one child id would write into one history: the second call
+    # got the first parent's child back, silently.
+    a = await api.internal_session("a20lib:group-a")
+    b = await api.internal_session("a20lib:group-b")
+    child = await api.child_session(a.id, "a20lib:task")
+    with pytest.raises(ValueError, match="a20lib:group-a"):
+        await api.child_session(b.id, "a20lib:task")
+    with pytest.raises(ValueError, match="a20lib:group-a"):
+        await api.child_session(b.id, a.id)  # not a child at all
+    assert await api.child_session(a.id, "a20lib:task") == child
