@@ -689,3 +689,35 @@ async def test_child_session_under_another_parent_is_refused_not_shared(lib: Env
     with pytest.raises(ValueError, match="a20lib:group-a"):
         await api.child_session(b.id, a.id)  # not a child at all
     assert await api.child_session(a.id, "a20lib:task") == child
+
+
+async def test_a_tool_runs_a_child_sessions_turn_but_not_its_own(lib: Env) -> None:
+    # A sub-agent: the tool hands the task to a child session and returns its answer; the same
+    # session's own turn from inside its tool is refused (it would wait for itself).
+    parent = await api.internal_session("a20lib:agent")
+    inside: list[str] = []
+
+    @api.tool("delegate", "交给子会话", {"type": "object", "properties": {"task": {"type": "string"}}})
+    async def delegate(ctx: api.ToolContext, args: dict[str, Any]) -> str:
+        try:
+            await api.run_turn(ctx.session_id)
+        except api.TurnInProgress as err:
+            inside.append(str(err))
+        child = await api.child_session(ctx.session_id, f"{ctx.session_id}/sub")
+        await api.record(child, api.Message(role="user", content=f"[系统(0)] {args['task']}"))
+        answers: list[str] = []
+        await api.run_turn(child.id, answers.append)
+        return answers[0]
+
+    call = {"id": "d1", "name": "delegate", "arguments": '{"task": "算 1+1"}'}
+    lib.model.chat.extend(
+        [Reply("", tool_calls=[call], finish_reason="tool_calls"), Reply("2"), Reply("子会话说是 2")]
+    )
+    await api.record(parent, api.Message(role="user", content="[甲(1)] 1+1 等于几", name="1"))
+    replies: list[str] = []
+    assert await api.run_turn(parent.id, replies.append) == "replied"
+    assert replies == ["子会话说是 2"]
+    assert len(inside) == 1
+    assert "a20lib:agent" in inside[0]
+    assert [m.content for m in await api.history(parent.id) if m.role == "tool"] == ["2"]
+    assert [m.content for m in await api.history("a20lib:agent/sub")] == ["[系统(0)] 算 1+1", "2"]
