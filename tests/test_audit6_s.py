@@ -189,6 +189,8 @@ async def test_a_question_the_full_disk_refuses_gets_the_error_reply_and_nothing
             ]
         )
         assert stored[:3] == [f"[甲(20001)] {at_bot}磁盘满之前问的", "好的", f"[甲(20001)] {at_bot}现在呢？"]
+        # The answer is stored before it is sent: wait for the send, not the row.
+        await until(lambda: _true(sent()[2:]), "the answer sent")
         assert sent() == ["好的", ERROR_REPLY, "好的"]
         log = bot.log()
         assert log.count("memsum: cannot store messages") == 1
