@@ -117,7 +117,8 @@ def test_terms_cut_cjk_runs_into_bigrams_and_keep_other_runs_whole() -> None:
         "qq123",
     ]
     assert (
-        search_mod.match_expression("提取码 码 B站 12345") == '"提取 取码" AND "码"* AND "b 站"* AND "12345"'
+        search_mod.match_expression("提取码 码 B站 12345")
+        == '"提取 取码" AND "码"* AND "b 站"* AND ("12345" OR "12 345")'
     )
     assert search_mod.match_expression("  ，。😀 ") is None
 

@@ -127,13 +127,18 @@ def _words(text: str, weight: str) -> list[str]:
         if found is None:
             continue
         terms, prefix = found
-        lexemes = [
-            f"{_quote(t[:MAX_TERM_CHARS])}:{'*' if len(t) > MAX_TERM_CHARS else ''}{weight}" for t in terms
-        ]
-        if prefix:
-            lexemes[-1] = f"{_quote(terms[-1][:MAX_TERM_CHARS])}:*{weight}"
-        out.append("(" + " <-> ".join(lexemes) + ")")
+        phrases = [_phrase(form, prefix, weight) for form in search.spellings(terms)]
+        out.append("(" + " | ".join(phrases) + ")")
     return out
+
+
+def _phrase(terms: list[str], prefix: bool, weight: str) -> str:
+    lexemes = [
+        f"{_quote(t[:MAX_TERM_CHARS])}:{'*' if len(t) > MAX_TERM_CHARS else ''}{weight}" for t in terms
+    ]
+    if prefix:
+        lexemes[-1] = f"{_quote(terms[-1][:MAX_TERM_CHARS])}:*{weight}"
+    return "(" + " <-> ".join(lexemes) + ")"
 
 
 def tsquery(query: search.SearchQuery) -> str | None:

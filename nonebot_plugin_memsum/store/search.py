@@ -9,7 +9,8 @@ FTS5 table that only splits on the spaces we put in (`unicode61`):
   prefix query (`码*` finds 码 wherever it stands: as the head of a bigram or the end
   of a run);
 - every other run of letters or digits is one term (QQ numbers, codes, English words,
-  the pieces of a URL), after NFKC (full-width letters) and lower-casing.
+  the pieces of a URL), after NFKC (full-width letters) and lower-casing; a number in a
+  query is also looked for with and without thousands separators (`spellings`).
 
 Why this and not FTS5's `trigram` tokenizer or a segmenter: README, "Recall", and
 bench/bench_recall.py, which measures the three.
@@ -134,13 +135,43 @@ def phrase_terms(word: str) -> tuple[list[str], bool] | None:
     return out, prefix
 
 
+def spellings(word_terms: list[str]) -> list[list[str]]:
+    """A query word's terms, then the same numbers written with and without thousands
+    separators: the text's `2,399` is the terms 2 399 and its `2399` one term, and a member
+    may type either."""
+    joined: list[str] = []
+    in_groups = False  # the last term is a number of 1–3 digits and groups of three so far
+    for t in word_terms:
+        if in_groups and len(t) == 3 and t.isdigit():
+            joined[-1] += t
+        else:
+            joined.append(t)
+            in_groups = t.isdigit() and len(t) <= 3
+    grouped = [g for t in joined for g in (_groups(t) if t.isdigit() else [t])]
+    out = [word_terms]
+    for form in (joined, grouped):
+        if form not in out:
+            out.append(form)
+    return out
+
+
+def _groups(digits: str) -> list[str]:
+    """A number's digits in groups of three from the right (`12000` → 12 000)."""
+    head = len(digits) % 3 or 3
+    return [digits[:head]] + [digits[i : i + 3] for i in range(head, len(digits), 3)]
+
+
 def _phrase(word: str, scope: str) -> str | None:
-    """One query word as an FTS5 phrase (`phrase_terms`), each term in the session's scope."""
+    """One query word as an FTS5 phrase (`phrase_terms`), each term in the session's scope;
+    a number as any of its `spellings`."""
     found = phrase_terms(word)
     if found is None:
         return None
     out, prefix = found
-    return '"' + " ".join(scope + t for t in out) + '"' + ("*" if prefix else "")
+    phrases = [
+        '"' + " ".join(scope + t for t in form) + '"' + ("*" if prefix else "") for form in spellings(out)
+    ]
+    return phrases[0] if len(phrases) == 1 else "(" + " OR ".join(phrases) + ")"
 
 
 def match_expression(query: str, scope: str = "") -> str | None:
