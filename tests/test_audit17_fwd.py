@@ -25,7 +25,7 @@ from tests.fakes.nonebug import (
     SELF_ID,
     SUPERUSER_ID,
     Like,
-    Satisfies,
+    forwarded,
     group_msg,
     history,
     new_group,
@@ -63,27 +63,10 @@ def _check_whole_lines(parts: list[str], bodies: list[str], size: int) -> None:
     assert sorted(line.split("] ", 1)[1] for line in lines[1:]) == sorted(bodies)
 
 
-async def _forwarded(app: App, group: int, command: str) -> list[str]:
-    """The texts of the merged-forward nodes the bot answers `command` in `group` with."""
-    nodes: list[Any] = []
-
-    def keep(sent: Any) -> bool:
-        nodes.extend(sent)
-        return True
-
-    async with app.test_matcher() as ctx:
-        bot = ctx.create_bot(base=Bot, self_id=SELF_ID)
-        ctx.receive_event(bot, group_msg(command, group))
-        ctx.should_call_api(
-            "send_group_forward_msg", {"group_id": group, "messages": Satisfies(keep)}, result={}
-        )
-    return [seg["data"]["text"] for n in nodes for seg in n["data"]["content"]]
-
-
 async def test_recall_forward_nodes_hold_whole_result_lines(app: App) -> None:
     group = new_group()
     bodies = await _seed(group_record(SELF_ID, group), 277)
-    _check_whole_lines(await _forwarded(app, group, "/回忆 爬山"), bodies, FORWARD_PART)
+    _check_whole_lines(await forwarded(app, group, "/回忆 爬山"), bodies, FORWARD_PART)
 
 
 async def test_recall_in_plain_messages_holds_whole_result_lines(app: App) -> None:
@@ -110,7 +93,7 @@ async def test_a_line_longer_than_a_node_is_cut_at_sentence_ends(app: App) -> No
     sid = group_record(SELF_ID, group).id
     summary = "".join(f"第{i}句，大家约好了周末去爬山。" for i in range(300))
     await runtime.get().store.put_meta(SUMMARY_NAMESPACE, sid, {"text": summary, "kept_messages": 0})
-    texts = await _forwarded(app, group, "/摘要")
+    texts = await forwarded(app, group, "/摘要")
     assert len(texts) > 2
     assert all(len(t) <= FORWARD_PART for t in texts)
     pieces = [line for t in texts for line in t.split("\n") if line.startswith("第")]

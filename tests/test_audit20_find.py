@@ -8,13 +8,30 @@ scripted model server).
 from __future__ import annotations
 
 import itertools
+import re
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
 import pytest
+from nonebot.adapters.onebot.v11 import Bot, GroupMessageEvent, GroupRecallNoticeEvent
+from nonebot.adapters.onebot.v11.event import Sender
+from nonebug import App
 
+from nonebot_plugin_memsum import clock, runtime
+from nonebot_plugin_memsum.agent.recall import NO_TERMS, NOTHING
+from nonebot_plugin_memsum.commands import RECALL_USAGE
+from nonebot_plugin_memsum.onebot import group_record
 from nonebot_plugin_memsum.store import SearchQuery, Store
 from nonebot_plugin_memsum.types import Message
+from tests.fakes.nonebug import (
+    SELF_ID,
+    Like,
+    forwarded,
+    group_msg,
+    history,
+    new_group,
+    run,
+)
 
 GROUP = "onebot:10000:group:1"
 T0 = datetime(2026, 11, 2, 20, 0, tzinfo=ZoneInfo("Asia/Shanghai")).timestamp()
@@ -110,3 +127,153 @@ async def test_search_syntax_typed_as_a_query_is_text_never_an_error(store: Stor
     # Only the words of the query count: 网盘 finds its message, the operators nothing more.
     assert set(hits) <= {0, 2}
     assert len(await store.search(SearchQuery(GROUP, "猫"))) == 1  # and the table is intact
+
+
+# ---- /回忆 as the owner types it in the group (nonebug: the plugin as loaded) ---------------
+SHANGHAI = ZoneInfo("Asia/Shanghai")
+TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d"
+
+
+def member(text: str, group: int, user: int, card: str) -> GroupMessageEvent:
+    """A member's group message, their card as QQ sends it in `sender`."""
+    event = group_msg(text, group, user=user)
+    return event.model_copy(
+        update={"sender": Sender(user_id=user, nickname=f"用户{user}", card=card, role="member")}
+    )
+
+
+@pytest.fixture
+def shanghai(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """MEMSUM_TIMEZONE=Asia/Shanghai (the server's own zone is UTC) and a clock a test sets."""
+    rt = runtime.get()
+    monkeypatch.setattr(rt, "config", rt.config.model_copy(update={"memsum_timezone": "Asia/Shanghai"}))
+    now = [T0]
+    monkeypatch.setattr(clock, "now", lambda: now[0])
+    return now
+
+
+def at_shanghai(*moment: int) -> float:
+    return datetime(*moment, tzinfo=SHANGHAI).timestamp()  # type: ignore[misc]
+
+
+async def test_a_day_is_the_bot_time_zones_day_to_the_minute(app: App, shanghai: list[float]) -> None:
+    # 23:59 and 00:01 in Shanghai are 15:59 and 16:01 of one UTC day: only the zone tells them apart.
+    group = new_group()
+    shanghai[0] = at_shanghai(2026, 11, 6, 23, 59)
+    await run(app, member("周五的聚餐改到七点", group, 20001, "小明"), None)
+    shanghai[0] = at_shanghai(2026, 11, 7, 0, 1)
+    await run(app, member("聚餐我晚到一会", group, 20003, "莉莉"), None)
+    late = "2026-11-06 23:59 [小明(20001)] 周五的聚餐改到七点"
+    early = "2026-11-07 00:01 [莉莉(20003)] 聚餐我晚到一会"
+    await run(app, group_msg("/回忆 聚餐 2026-11-06", group), f"找到 1 条（按相关程度排列）：\n{late}")
+    await run(app, group_msg("/回忆 聚餐 2026-11-07", group), f"找到 1 条（按相关程度排列）：\n{early}")
+    await run(
+        app, group_msg("/回忆 聚餐 2026-11-07～2026-11-08", group), f"找到 1 条（按相关程度排列）：\n{early}"
+    )
+    both = await _answer(app, group_msg("/回忆 聚餐 2026-11-06..2026-11-07", group))
+    assert sorted(both.splitlines()[1:]) == sorted([late, early])
+    await run(app, group_msg("/回忆 聚餐 2026-11-05", group), NOTHING)
+
+
+async def test_the_at_filter_follows_a_member_through_a_card_change(app: App, shanghai: list[float]) -> None:
+    group = new_group()
+    shanghai[0] = at_shanghai(2026, 11, 1, 10, 0)
+    await run(app, member("周末去爬山吗", group, 20001, "小明"), None)
+    shanghai[0] = at_shanghai(2026, 11, 3, 10, 0)
+    await run(app, member("周末我有空", group, 20003, "莉莉"), None)
+    shanghai[0] = at_shanghai(2026, 11, 5, 10, 0)
+    await run(app, member("周末要加班，去不了了", group, 20001, "明哥"), None)  # the same member, a new card
+    his = [
+        "2026-11-05 10:00 [明哥(20001)] 周末要加班，去不了了",
+        "2026-11-01 10:00 [小明(20001)] 周末去爬山吗",
+    ]
+    for command in (
+        "/回忆 周末 @明哥",
+        "/回忆 周末 @小明",
+        "/回忆 周末 [CQ:at,qq=20001]",
+        "/回忆 [CQ:at,qq=20001]",
+    ):
+        answer = await _answer(app, group_msg(command, group))
+        assert sorted(answer.splitlines()[1:]) == sorted(his), command
+    answer = await _answer(app, group_msg("/回忆 周末 @莉莉", group))
+    assert answer.splitlines()[1:] == ["2026-11-03 10:00 [莉莉(20003)] 周末我有空"]
+
+
+async def test_withdrawn_and_cleared_messages_are_not_found(app: App, shanghai: list[float]) -> None:
+    group = new_group()
+    await run(app, member("网盘提取码 k2v9，别外传", group, 20002, "阿强"), None)
+    await run(app, member("周末去爬山", group, 20001, "小明"), None)
+    await run(app, member("网盘链接在群公告", group, 20003, "莉莉"), None)
+    withdrawn = (await history(group_record(SELF_ID, group).id))[0]
+    # OneBot v11 event/notice.md 群消息撤回: {group_id, user_id, operator_id, message_id}.
+    notice = GroupRecallNoticeEvent(
+        time=int(shanghai[0]),
+        self_id=int(SELF_ID),
+        post_type="notice",
+        notice_type="group_recall",
+        group_id=group,
+        user_id=20002,
+        operator_id=20002,
+        message_id=int(str(withdrawn.platform_id)),
+    )
+    await run(app, notice, None)
+    await run(app, group_msg("/回忆 k2v9", group), NOTHING)
+    answer = await _answer(app, group_msg("/回忆 网盘", group))
+    assert answer.splitlines()[1:] == [Like(TIME + re.escape(" [莉莉(20003)] 网盘链接在群公告"))]
+    await run(app, group_msg("/清除 上下文", group), Like("将清除本会话的全部上下文和摘要.*"))
+    await run(app, group_msg("确认", group), "已清除本会话的上下文和摘要。")
+    for word in ("爬山", "网盘", "k2v9"):
+        await run(app, group_msg(f"/回忆 {word}", group), NOTHING)
+    await run(app, member("爬山改到下周", group, 20001, "小明"), None)  # said after the clear: found
+    answer = await _answer(app, group_msg("/回忆 爬山", group))
+    assert answer.splitlines()[1:] == [Like(TIME + re.escape(" [小明(20001)] 爬山改到下周"))]
+
+
+@pytest.mark.parametrize("query", ['"', "*", "AND", "NEAR(", "-", ":", '"网盘', "网盘*", "-网盘", "网盘:"])
+async def test_search_syntax_typed_into_recall_never_fails(app: App, query: str) -> None:
+    group = new_group()
+    await run(app, member("网盘链接在群公告", group, 20003, "莉莉"), None)
+    answer = await _answer(app, group_msg(f"/回忆 {query}", group))
+    assert answer in (NOTHING, f"{NO_TERMS}\n{RECALL_USAGE}") or answer.startswith("找到 1 条"), answer
+
+
+async def test_many_hits_list_the_best_ten_in_one_merged_forward(app: App, shanghai: list[float]) -> None:
+    group = new_group()
+    record = group_record(SELF_ID, group)
+    store = runtime.get().store
+    # 10,000 members' lines with the word (stored as recording stores them), one with the code.
+    for i in range(10_000):
+        await store.append(
+            record.id, said(f"用户{i}", 30000 + i, f"第{i}次说：网盘又限速了，烦" + "。" * (i % 7))
+        )
+    await run(
+        app,
+        member(
+            "网盘资料 https://pan.baidu.com/s/1Qx 提取码 7u2p，周末前有效，限速的话用客户端下",
+            group,
+            20002,
+            "阿强",
+        ),
+        None,
+    )
+    lines = "".join(await forwarded(app, group, "/回忆 网盘")).splitlines()
+    assert (
+        lines[0]
+        == "找到 10 条以上，只列出最相关的 10 条（按相关程度排列；加关键词、@某人或日期可缩小范围）："
+    )
+    assert len(lines) == 11
+    assert "[阿强(20002)] 网盘资料" in lines[1]  # the message carrying the link ranks first
+    answer = await _answer(app, group_msg("/回忆 网盘 提取码", group))  # short: one plain message
+    assert answer.splitlines()[1:] == [
+        Like(TIME + re.escape(" [阿强(20002)] 网盘资料 https://pan.baidu.com/s/1Qx") + ".*")
+    ]
+
+
+async def _answer(app: App, event: GroupMessageEvent) -> str:
+    """What the bot answers a command with, as one plain message."""
+    got = Like(".*")
+    async with app.test_matcher() as ctx:
+        bot = ctx.create_bot(base=Bot, self_id=SELF_ID)
+        ctx.receive_event(bot, event)
+        ctx.should_call_send(event, got, result={"message_id": 1})
+    return got.seen or ""

@@ -128,6 +128,23 @@ def forwarded_text(nodes: Any) -> str:
     return "".join(seg["data"]["text"] for n in nodes for seg in n["data"]["content"])
 
 
+async def forwarded(app: App, group: int, command: str) -> list[str]:
+    """The texts of the merged-forward nodes the bot answers `command` in `group` with."""
+    nodes: list[Any] = []
+
+    def keep(sent: Any) -> bool:
+        nodes.extend(sent)
+        return True
+
+    async with app.test_matcher() as ctx:
+        bot = ctx.create_bot(base=Bot, self_id=SELF_ID)
+        ctx.receive_event(bot, group_msg(command, group))
+        ctx.should_call_api(
+            "send_group_forward_msg", {"group_id": group, "messages": Satisfies(keep)}, result={}
+        )
+    return [seg["data"]["text"] for n in nodes for seg in n["data"]["content"]]
+
+
 async def run(app: App, event: Any, expect: str | None) -> None:
     """Deliver `event`; the bot answers exactly `expect` (None: it says nothing). A long
     answer in a group goes out as a merged-forward message holding exactly that text."""
