@@ -13,7 +13,7 @@ from datetime import datetime
 from zoneinfo import ZoneInfo
 
 import pytest
-from nonebot.adapters.onebot.v11 import Bot, GroupMessageEvent, GroupRecallNoticeEvent
+from nonebot.adapters.onebot.v11 import Bot, GroupMessageEvent, GroupRecallNoticeEvent, MessageSegment
 from nonebot.adapters.onebot.v11.event import Sender
 from nonebug import App
 
@@ -277,3 +277,22 @@ async def _answer(app: App, event: GroupMessageEvent) -> str:
         ctx.receive_event(bot, event)
         ctx.should_call_send(event, got, result={"message_id": 1})
     return got.seen or ""
+
+
+# A group file as NapCat sends it: tests/fixtures/onebot/napcat/message_file.json (a NapCat
+# user's published capture), with a name of the length schools and offices give theirs.
+LONG_FILE = "【重要】关于2026年度春季学期本科生毕业论文（设计）工作安排的通知-教务处.docx"
+
+
+async def test_a_long_file_name_is_found_by_its_end(app: App) -> None:
+    group = new_group()
+    segment = MessageSegment("file", {"file": LONG_FILE, "file_id": "/be2a7132-8e06", "file_size": "48213"})
+    await run(app, member(str(segment), group, 20005, "小红"), None)
+    [stored] = await history(group_record(SELF_ID, group).id)
+    assert (
+        stored.content
+        == "[小红(20005)] [文件: 重要 关于2026年度春季学期本科生毕业论文（设计）工作安排的通知-教务处.docx]"
+    )
+    for words in ("教务处", "docx", "毕业论文 工作安排"):
+        answer = await _answer(app, group_msg(f"/回忆 {words}", group))
+        assert answer.endswith("[小红(20005)] " + stored.content.split("] ", 1)[1]), words

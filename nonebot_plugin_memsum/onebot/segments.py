@@ -21,6 +21,9 @@ from typing import Any
 
 SHORT = 40
 """The longest a title or summary may be inside a placeholder."""
+FILE_NAME = 255
+"""The longest a file's name is kept: whole (file systems allow 255), as the group sees it and
+later searches it (「教务处」「docx」 at the end of a notice's 43-character name)."""
 
 _URL = re.compile(r"(?:https?|ftp|file)://\S*|\bwww\.\S+", re.I)
 _BREAKERS = re.compile(r"[\[\]［］【】\r\n\t\x0b\x0c\x1c-\x1e\x85\u2028\u2029]+")
@@ -50,8 +53,8 @@ def short(text: Any, limit: int = SHORT) -> str:
     return cleaned if len(cleaned) <= limit else cleaned[:limit] + "…"
 
 
-def _tagged(tag: str, detail: Any) -> str:
-    detail = short(detail)
+def _tagged(tag: str, detail: Any, limit: int = SHORT) -> str:
+    detail = short(detail, limit)
     return f"[{tag}: {detail}]" if detail else f"[{tag}]"
 
 
@@ -76,7 +79,7 @@ def _file(data: Mapping[str, Any]) -> str:
     if "://" in name:  # a download link, not a name
         name = ""
     name = re.split(r"[\\/]", name)[-1]
-    return _tagged("文件", name)
+    return _tagged("文件", name, FILE_NAME)
 
 
 def card_title(raw: Any) -> str:
