@@ -8,11 +8,13 @@ places, the texts.
 
 from __future__ import annotations
 
+import functools
+import os
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, time, timedelta, tzinfo
-from zoneinfo import ZoneInfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .compression.service import DIVIDER
 from .config import Config, ModelConfig
@@ -30,6 +32,21 @@ def zone_of(config: Config) -> tzinfo:
     """The time zone days begin in: `MEMSUM_TIMEZONE`, else the system's."""
     if config.memsum_timezone:
         return ZoneInfo(config.memsum_timezone)
+    return _system_zone(os.environ.get("TZ"))
+
+
+@functools.lru_cache(maxsize=4)
+def _system_zone(tz: str | None) -> tzinfo:
+    """The system's zone with its rules (`TZ`, else /etc/localtime): today's offset alone
+    (`datetime.now().astimezone()`) is an hour off for the other half of a year with daylight
+    saving. Today's offset where neither names a zone (a POSIX `TZ` string, Windows)."""
+    try:
+        if tz:
+            return ZoneInfo(tz.removeprefix(":"))
+        with open("/etc/localtime", "rb") as file:
+            return ZoneInfo.from_file(file, key="localtime")
+    except (OSError, ValueError, ZoneInfoNotFoundError):
+        pass
     local = datetime.now().astimezone().tzinfo
     assert local is not None
     return local

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import itertools
 import re
+import time
+from collections.abc import Iterator
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
@@ -296,3 +298,34 @@ async def test_a_long_file_name_is_found_by_its_end(app: App) -> None:
     for words in ("教务处", "docx", "毕业论文 工作安排"):
         answer = await _answer(app, group_msg(f"/回忆 {words}", group))
         assert answer.endswith("[小红(20005)] " + stored.content.split("] ", 1)[1]), words
+
+
+@pytest.fixture
+def berlin_system(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
+    """No MEMSUM_TIMEZONE, the system's zone Europe/Berlin (TZ, as a container sets it: a
+    zone with daylight saving), and a clock a test sets; the process's zone restored after."""
+    rt = runtime.get()
+    monkeypatch.setattr(rt, "config", rt.config.model_copy(update={"memsum_timezone": None}))
+    now = [T0]
+    monkeypatch.setattr(clock, "now", lambda: now[0])
+    with monkeypatch.context() as env:
+        env.setenv("TZ", "Europe/Berlin")
+        time.tzset()
+        yield now
+    time.tzset()
+
+
+async def test_the_systems_zone_keeps_its_summer_and_winter_time(
+    app: App, berlin_system: list[float]
+) -> None:
+    # README: MEMSUM_TIMEZONE defaults to the system's zone. Half the year the offset differs
+    # from today's: a day filter and the times shown must follow the zone's own rules.
+    group = new_group()
+    berlin = ZoneInfo("Europe/Berlin")
+    for month in (1, 7):
+        berlin_system[0] = datetime(2026, month, 15, 0, 30, tzinfo=berlin).timestamp()
+        await run(app, member(f"{month}月的烧烤在湖边", group, 20001, "小明"), None)
+    for month in (1, 7):
+        day = f"2026-{month:02d}-15"
+        expected = f"找到 1 条（按相关程度排列）：\n{day} 00:30 [小明(20001)] {month}月的烧烤在湖边"
+        await run(app, group_msg(f"/回忆 烧烤 {day}", group), expected)
