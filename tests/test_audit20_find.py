@@ -329,3 +329,14 @@ async def test_the_systems_zone_keeps_its_summer_and_winter_time(
         day = f"2026-{month:02d}-15"
         expected = f"找到 1 条（按相关程度排列）：\n{day} 00:30 [小明(20001)] {month}月的烧烤在湖边"
         await run(app, group_msg(f"/回忆 烧烤 {day}", group), expected)
+
+
+async def test_a_date_written_with_slashes_or_dots_is_a_date(app: App, shanghai: list[float]) -> None:
+    # 「2026/11/06」 is how many members write a date; as a keyword it found nothing, silently.
+    group = new_group()
+    shanghai[0] = at_shanghai(2026, 11, 6, 23, 59)
+    await run(app, member("周五的聚餐改到七点", group, 20001, "小明"), None)
+    late = "找到 1 条（按相关程度排列）：\n2026-11-06 23:59 [小明(20001)] 周五的聚餐改到七点"
+    for date in ("2026/11/06", "2026.11.6", "2026/11/05..2026/11/06", "2026.11.05..2026.11.06"):
+        await run(app, group_msg(f"/回忆 聚餐 {date}", group), late)
+    await run(app, group_msg("/回忆 聚餐 2026/11/07", group), NOTHING)

@@ -32,7 +32,8 @@ CONTEXT_LINES = 1
 NOTHING = "没有找到相关的聊天记录。"
 NO_TERMS = "关键词里没有可以搜索的文字（需要汉字、字母或数字）。"
 BACKWARDS = "日期范围的结束早于开始"
-_DAY = re.compile(r"^(\d{4})-(\d{1,2})-(\d{1,2})(?:[ T](\d{1,2}):(\d{2}))?$")
+_DAY = re.compile(r"^(\d{4})[-/.](\d{1,2})[-/.](\d{1,2})(?:[ T](\d{1,2}):(\d{2}))?$")
+"""A date as members write it: 2026-11-06, 2026/11/06 or 2026.11.06."""
 
 # Sent with every chat request (issue 9): short; how to read a result is said in the result.
 DESCRIPTION = (
