@@ -95,6 +95,10 @@ async def found(store: Store, text: str) -> list[int]:
         ("12000", [10]),
         ("１２,０００", [10]),
         ("提取码 看置顶", [11]),  # every word must occur, emoji between them in the text
+        ("网盘，提取码", [0]),  # keywords listed as Chinese lists them: 「，」「、」「；」
+        ("链接、提取码", [11]),
+        ("网盘；x7k9", [0]),
+        ("docker,compose", [4]),
         ("C++", [0, 4, 12]),  # by design c is a prefix: the link's "com", "Compose" too
     ],
 )

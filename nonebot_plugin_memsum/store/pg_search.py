@@ -122,7 +122,7 @@ def document(session_id: str, role: str, name: str | None, content: str, ts: flo
 
 def _words(text: str, weight: str) -> list[str]:
     out = []
-    for word in text.split():
+    for word in search.query_split(text):
         found = search.phrase_terms(word)
         if found is None:
             continue

@@ -174,10 +174,19 @@ def _phrase(word: str, scope: str) -> str | None:
     return phrases[0] if len(phrases) == 1 else "(" + " OR ".join(phrases) + ")"
 
 
+_WORD_BREAKS = re.compile(r"[\s，、；;]+|(?<!\d),|,(?!\d)")
+
+
+def query_split(query: str) -> list[str]:
+    """A query's words: split by blanks and by the marks a Chinese list is written with
+    (「网盘，提取码」「周末、爬山」), not by a number's thousands separator (`1,000`)."""
+    return [w for w in _WORD_BREAKS.split(query) if w]
+
+
 def match_expression(query: str, scope: str = "") -> str | None:
-    """Every whitespace-separated word of `query` must occur (each as a phrase of terms in
+    """Every word of `query` (`query_split`) must occur (each as a phrase of terms in
     `scope`); None when the query holds nothing searchable (only punctuation, emoji, blanks)."""
-    phrases = [p for w in query.split() if (p := _phrase(w, scope)) is not None]
+    phrases = [p for w in query_split(query) if (p := _phrase(w, scope)) is not None]
     return " AND ".join(phrases) if phrases else None
 
 
@@ -327,7 +336,7 @@ _CLEARED = "COALESCE((SELECT upto FROM search_cleared WHERE session_id = :sessio
 def query_words(text: str) -> list[str]:
     """The query's words as the ranking counts them (normalised as the index's terms are),
     at most RANKED_WORDS of them."""
-    return [unicodedata.normalize("NFKC", w).lower() for w in text.split() if _runs(w)][:RANKED_WORDS]
+    return [unicodedata.normalize("NFKC", w).lower() for w in query_split(text) if _runs(w)][:RANKED_WORDS]
 
 
 def search_statement(query: SearchQuery, columns: str, context: int = 0) -> tuple[str, dict[str, Any]] | None:
