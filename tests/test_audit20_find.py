@@ -23,8 +23,12 @@ from nonebot_plugin_memsum import clock, runtime
 from nonebot_plugin_memsum.agent.recall import NO_TERMS, NOTHING
 from nonebot_plugin_memsum.commands import RECALL_USAGE
 from nonebot_plugin_memsum.onebot import group_record
+from nonebot_plugin_memsum.onebot.render import forward_record, labelled, quote_marker
 from nonebot_plugin_memsum.store import SearchQuery, Store
 from nonebot_plugin_memsum.types import Message
+from tests.fakes.agent import GROUP as AGENT_GROUP
+from tests.fakes.agent import GROUP_ENTRY, MakeRuntime, Replies, fill, tool_call, user
+from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.nonebug import (
     SELF_ID,
     Like,
@@ -344,3 +348,49 @@ async def test_a_date_written_with_slashes_or_dots_is_a_date(app: App, shanghai:
     for date in ("2026/11/06", "2026.11.6", "2026/11/05..2026/11/06", "2026.11.05..2026.11.06"):
         await run(app, group_msg(f"/回忆 聚餐 {date}", group), late)
     await run(app, group_msg("/回忆 聚餐 2026/11/07", group), NOTHING)
+
+
+# ---- the model's recall tool, in a real turn against the scripted model server ----------
+async def test_the_model_finds_words_only_in_a_forward_a_quote_or_an_archive(
+    make_rt: MakeRuntime, llm: ScriptedLLM
+) -> None:
+    rt = await make_rt()
+    # NapCat's get_forward_msg answer: `messages`, each an OB11 message with `sender` and
+    # `message` (NapCatQQ packages/napcat-onebot/action/go-cqhttp/GetForwardMsg.ts).
+    record = forward_record(
+        [
+            {
+                "sender": {"user_id": 30001, "nickname": "前同事"},
+                "message": [{"type": "text", "data": {"text": "新软件的激活码 QWER-7788"}}],
+            },
+            {
+                "sender": {"user_id": 30002, "nickname": "老板"},
+                "message": [{"type": "text", "data": {"text": "别外传"}}],
+            },
+        ],
+        {},
+    )
+    old = [
+        labelled("阿强", 20002, f"转一下 {record}"),
+        labelled("莉莉", 20003, "收到", quote_marker("老王", 20004, "会议室改到 B302 了")),
+        labelled("阿杰", 20006, "显卡 2,399 入手了"),
+    ]
+    await fill(rt, AGENT_GROUP, [Message(role="user", content=c, name="0") for c in old])
+    await rt.compression.compress(AGENT_GROUP.id)  # long ago: archived, the summary keeps none of it
+    assert [m.content for m in await rt.store.get_archived(AGENT_GROUP.id)] == old
+    await fill(rt, AGENT_GROUP, [user("@小记(10000) 激活码、会议室和显卡价格还记得吗")])
+    queries = [{"query": "激活码"}, {"query": "B302"}, {"query": "2399"}, {"query": 'NEAR("激活码" *'}]
+    llm.push(
+        *[Reply("", tool_calls=[tool_call(f"c{i}", "recall", q)]) for i, q in enumerate(queries)],
+        Reply("都找到了。"),
+    )
+
+    assert await rt.agent.run_turn(AGENT_GROUP.id, Replies(), GROUP_ENTRY) == "replied"
+
+    results = [m.content for m in await rt.store.get_history(AGENT_GROUP.id) if m.role == "tool"]
+    assert len(results) == 4
+    assert "[阿强(20002)] 转一下 [合并转发：" in results[0]
+    assert "QWER-7788" in results[0]
+    assert "[莉莉(20003)] [回复 老王(20004)：会议室改到 B302 了] 收到" in results[1]
+    assert "[阿杰(20006)] 显卡 2,399 入手了" in results[2]
+    assert results[3] == NOTHING  # NEAR is a word too (every word must occur): no error
