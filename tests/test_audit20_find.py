@@ -8,6 +8,7 @@ scripted model server).
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from nonebug import App
 
 from nonebot_plugin_memsum import clock, runtime
 from nonebot_plugin_memsum.agent.recall import NO_TERMS, NOTHING
+from nonebot_plugin_memsum.agent.tools import ToolContext
 from nonebot_plugin_memsum.commands import RECALL_USAGE
 from nonebot_plugin_memsum.onebot import group_record
 from nonebot_plugin_memsum.onebot.render import forward_record, labelled, quote_marker
@@ -348,6 +350,22 @@ async def test_a_date_written_with_slashes_or_dots_is_a_date(app: App, shanghai:
     for date in ("2026/11/06", "2026.11.6", "2026/11/05..2026/11/06", "2026.11.05..2026.11.06"):
         await run(app, group_msg(f"/回忆 聚餐 {date}", group), late)
     await run(app, group_msg("/回忆 聚餐 2026/11/07", group), NOTHING)
+
+
+async def test_the_tools_until_with_a_time_includes_that_minute(make_rt: MakeRuntime) -> None:
+    # The tool's schema: until is 「截止（含当天）」; given to the minute, that minute is in too.
+    rt = await make_rt(memsum_timezone="Asia/Shanghai")
+    said_at = at_shanghai(2026, 11, 6, 23, 59) + 30
+    await fill(
+        rt,
+        AGENT_GROUP,
+        [Message(role="user", content="[小明(20001)] 聚餐改到七点", name="20001", ts=said_at)],
+    )
+    args = {"query": "聚餐", "since": "2026-11-06 23:00", "until": "2026-11-06 23:59"}
+    result = await rt.tools.call(ToolContext(AGENT_GROUP.id), "recall", json.dumps(args))
+    assert "2026-11-06 23:59 [小明(20001)] 聚餐改到七点" in result
+    args["until"] = "2026-11-06 23:58"
+    assert await rt.tools.call(ToolContext(AGENT_GROUP.id), "recall", json.dumps(args)) == NOTHING
 
 
 # ---- the model's recall tool, in a real turn against the scripted model server ----------

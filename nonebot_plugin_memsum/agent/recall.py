@@ -61,8 +61,8 @@ could not become a date range otherwise."""
 
 def parse_time(text: str, *, end: bool = False, zone: tzinfo | None = None) -> float:
     """A date (`YYYY-MM-DD`, optionally with ` HH:MM`, or a day of DAYS_BACK) in `zone` (None:
-    the system's) as a unix time; with `end`, a bare date means the end of that day (the start
-    of the next). ValueError in Chinese."""
+    the system's) as a unix time; with `end`, the end of that day (the start of the next), or
+    of that minute. ValueError in Chinese."""
     if (back := DAYS_BACK.get(text.strip())) is not None:
         day = datetime.fromtimestamp(clock.now(), zone).date() - timedelta(days=back - (1 if end else 0))
         return datetime(day.year, day.month, day.day, tzinfo=zone).timestamp()
@@ -74,8 +74,8 @@ def parse_time(text: str, *, end: bool = False, zone: tzinfo | None = None) -> f
         moment = datetime(int(year), int(month), int(day), int(hour or 0), int(minute or 0), tzinfo=zone)
     except ValueError:
         raise ValueError(f"没有「{text}」这个日期") from None
-    if end and hour is None:
-        moment += timedelta(days=1)
+    if end:  # until is exclusive: the day, or the minute, named is in
+        moment += timedelta(days=1) if hour is None else timedelta(minutes=1)
     return moment.timestamp()
 
 
