@@ -32,24 +32,25 @@ def zone_of(config: Config) -> tzinfo:
     """The time zone days begin in: `MEMSUM_TIMEZONE`, else the system's."""
     if config.memsum_timezone:
         return ZoneInfo(config.memsum_timezone)
-    return _system_zone(os.environ.get("TZ"))
+    if (system := _system_zone(os.environ.get("TZ"))) is not None:
+        return system
+    local = datetime.now().astimezone().tzinfo  # today's offset: read again on every call
+    assert local is not None
+    return local
 
 
 @functools.lru_cache(maxsize=4)
-def _system_zone(tz: str | None) -> tzinfo:
+def _system_zone(tz: str | None) -> ZoneInfo | None:
     """The system's zone with its rules (`TZ`, else /etc/localtime): today's offset alone
     (`datetime.now().astimezone()`) is an hour off for the other half of a year with daylight
-    saving. Today's offset where neither names a zone (a POSIX `TZ` string, Windows)."""
+    saving. None where neither names a zone (a POSIX `TZ` string, Windows)."""
     try:
         if tz:
             return ZoneInfo(tz.removeprefix(":"))
         with open("/etc/localtime", "rb") as file:
             return ZoneInfo.from_file(file, key="localtime")
     except (OSError, ValueError, ZoneInfoNotFoundError):
-        pass
-    local = datetime.now().astimezone().tzinfo
-    assert local is not None
-    return local
+        return None
 
 
 def day_of(ts: float, zone: tzinfo) -> str:
