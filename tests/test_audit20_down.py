@@ -199,7 +199,9 @@ async def test_groups_left_while_down_are_not_asked_nor_answered_and_the_rest_ar
     mark = len(sim.calls)
     await back(bot, sim)
     assert sorted(history_asked(sim, mark)) == [back_in, stayed]
-    assert (await rows(bot, group_sid(back_in)))[-1] == ("user", "[丁(20004)] 欢迎回来"), again
+    # Stored; the question 「还在吗」, younger than MEMSUM_RESUME_WINDOW and unanswered, may
+    # be answered after it now that the group is back (as any resumed question).
+    assert ("user", "[丁(20004)] 欢迎回来") in await rows(bot, group_sid(back_in)), again
 
 
 @pytest.mark.parametrize(
