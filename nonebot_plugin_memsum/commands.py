@@ -42,6 +42,7 @@ from .onebot.fastpath import Claim
 from .onebot.render import TRAILING, bidi_visible, word_goes_on
 from .permission import SUPERUSER, SUPERUSER_OR_GROUP_ADMIN
 from .settings import (
+    LAYER_LABELS,
     MODE_WORDS,
     NO_CAP_WORD,
     RESET_WORD,
@@ -132,6 +133,17 @@ def count_line(status: SessionStatus) -> str:
     return f"条数 {status.active_messages} / 条数线 {status.history_limit}"
 
 
+def settings_line(status: SessionStatus) -> str:
+    """Both lines as set and the layer each comes from (R-CFG-2: every value a command
+    shows says where it comes from)."""
+    lines: tuple[tuple[SettingName, float, str], ...] = (
+        ("compress_at", status.compress_at, status.compress_at_layer),
+        ("history_limit", status.history_limit, status.history_limit_layer),
+    )
+    parts = [f"{_SETTING_TITLES[n]} {format_value(n, v)}（{LAYER_LABELS[layer]}）" for n, v, layer in lines]
+    return "设置：" + "，".join(parts)
+
+
 def status_text(status: SessionStatus, zone: tzinfo | None = None) -> str:
     """What `/摘要` shows."""
     lines: list[str] = []
@@ -152,7 +164,7 @@ def status_text(status: SessionStatus, zone: tzinfo | None = None) -> str:
         )
     else:
         lines.append(f"上次压缩：{format_time(run.time, zone)} 失败：{run.reason or '原因未知'}")
-    lines += [usage_line(status), count_line(status)]
+    lines += [usage_line(status), count_line(status), settings_line(status)]
     if status.backoff_failures > 0:  # R-BACK-3
         lines.append(
             f"自动压缩退避中：已连续失败 {status.backoff_failures} 次，"

@@ -118,7 +118,8 @@ async def test_summary_shows_summary_kept_last_run_usage_and_count(app: App, llm
         r"本会话摘要（\d{4}-\d\d-\d\d \d\d:\d\d）：\n"
         + re.escape(CHAT_SUMMARY)
         + r"\n\n保留原文 0 条\n上次压缩：\d{4}-\d\d-\d\d \d\d:\d\d 成功，归档 4 条，保留原文 0 条\n"
-        r"用量 12345 / 压缩线 51200 token（窗口 64000）\n条数 0 / 条数线 40"
+        r"用量 12345 / 压缩线 51200 token（窗口 64000）\n条数 0 / 条数线 40\n"
+        r"设置：压缩线 0\.8（全局配置），条数线 40（本会话）"
     )
     await run(app, group_msg("/摘要", group), answer)
 

@@ -186,6 +186,9 @@ class SessionStatus:
     active_messages: int
     backoff_failures: int
     backoff_turns_left: int
+    compress_at_layer: str = "global"
+    history_limit_layer: str = "global"
+    """Where `compress_at` and `history_limit` come from (a key of settings.LAYER_LABELS)."""
 
 
 @dataclass(slots=True)
@@ -493,6 +496,8 @@ class CompressionService:
             active_messages=await self.store.count_active(session_id),
             backoff_failures=backoff.failures,
             backoff_turns_left=max(0, backoff.wait - backoff.turns_waited) if backoff.failures else 0,
+            compress_at_layer=compress_at.layer,
+            history_limit_layer=limit.layer,
         )
 
     # ---- the trigger (R-TRIG) ----------------------------------------------------------
