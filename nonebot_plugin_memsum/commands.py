@@ -55,7 +55,7 @@ from .settings import (
 )
 from .store import SearchQuery, StoreError
 from .store.search import match_expression
-from .types import SessionRecord
+from .types import Message, SessionRecord
 
 CONFIRM_WORD = "确认"
 CONFIRM_SECONDS = 60
@@ -144,8 +144,9 @@ def settings_line(status: SessionStatus) -> str:
     return "设置：" + "，".join(parts)
 
 
-def status_text(status: SessionStatus, zone: tzinfo | None = None) -> str:
-    """What `/摘要` shows."""
+def status_text(status: SessionStatus, zone: tzinfo | None = None, kept: Sequence[Message] = ()) -> str:
+    """What `/摘要` shows; `kept`: the kept originals themselves (R-RUN-12), listed as /回忆
+    lists messages and as the model reads them."""
     lines: list[str] = []
     if status.summary:
         when = f"（{format_time(status.summary_time, zone)}）" if status.summary_time else ""
@@ -153,7 +154,8 @@ def status_text(status: SessionStatus, zone: tzinfo | None = None) -> str:
         lines += [f"本会话摘要{when}：", bidi_visible(status.summary.strip()), ""]
     else:
         lines.append("本会话还没有摘要。")
-    lines.append(f"保留原文 {status.kept_messages} 条")
+    lines.append(f"保留原文 {status.kept_messages} 条" + ("：" if kept else ""))
+    lines += [bidi_visible(recall.shown_line(m, zone)) for m in kept]
     run = status.last_run
     if run is None:
         lines.append("还没有压缩过。")
@@ -215,7 +217,9 @@ async def _compress(call: _Call) -> str:
 
 async def _summary(call: _Call) -> str:
     rt = runtime.get()
-    return status_text(await rt.compression.status(call.record.id), usage.zone_of(rt.config))
+    status = await rt.compression.status(call.record.id)
+    kept = await rt.compression.kept_originals(call.record.id, status.kept_messages)
+    return status_text(status, usage.zone_of(rt.config), kept)
 
 
 async def _compress_at(call: _Call) -> str:

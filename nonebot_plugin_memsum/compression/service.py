@@ -15,7 +15,7 @@ import heapq
 import math
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
@@ -111,6 +111,20 @@ SUMMARY_CACHE_BYTES = 8 << 20
 def _summary_bytes(record: dict[str, Any] | None) -> int:
     # The record's dict and its small fields, and the text (CJK: 2 bytes a character).
     return 400 + 2 * len(str((record or {}).get("text", "")))
+
+
+async def conversation_end(read: Callable[[int], Awaitable[list[Message]]], want: int) -> list[Message]:
+    """At least `want` conversation messages (or all there are) from `read(n)`, one end of
+    the active history `n` messages long: n grows until enough of them are conversation."""
+    if want <= 0:
+        return []
+    n = want * 2 + 8
+    while True:
+        got = await read(n)
+        talk = [m for m in got if m.is_conversation]
+        if len(talk) >= want or len(got) < n:
+            return talk
+        n *= 4
 
 
 def run_estimators() -> Estimators:
@@ -448,6 +462,14 @@ class CompressionService:
             return
         later.deleted = later.deleted or deleted
         later.cancelled.set()
+
+    async def kept_originals(self, session_id: str, kept: int) -> list[Message]:
+        """The originals the summary in force kept (R-RUN-12): the first `kept` conversation
+        messages of the active history (the compression archived the rest of what it read; what
+        was said while it ran comes after them, and was never read). `kept` is the summary's own
+        count (`status().kept_messages`): 0 once the summary is cleared."""
+        head = await conversation_end(lambda n: self.store.first_active(session_id, n), kept)
+        return head[:kept]
 
     async def summary(self, session_id: str) -> dict[str, Any] | None:
         """The stored summary record; kept in memory between its writes (every prompt injects

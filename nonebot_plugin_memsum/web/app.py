@@ -28,14 +28,14 @@ from nonebot_plugin_memsum.agent import recall
 from nonebot_plugin_memsum.agent.turn import Entry
 from nonebot_plugin_memsum.commands import receipt
 from nonebot_plugin_memsum.compression.request import CompressionError
-from nonebot_plugin_memsum.compression.service import BACKOFF_NAMESPACE, USAGE_NAMESPACE
+from nonebot_plugin_memsum.compression.service import BACKOFF_NAMESPACE, USAGE_NAMESPACE, conversation_end
 from nonebot_plugin_memsum.compression.trigger import Backoff
 from nonebot_plugin_memsum.config import ModelConfig
 from nonebot_plugin_memsum.lru import LRU
 from nonebot_plugin_memsum.runtime import Runtime, persona_refusal
 from nonebot_plugin_memsum.settings import MODE_WORDS, RESET_WORD, SETTING_NAMES
 from nonebot_plugin_memsum.store import SearchQuery
-from nonebot_plugin_memsum.types import DailyUsage, Message, SessionRecord
+from nonebot_plugin_memsum.types import DailyUsage, SessionRecord
 
 from . import views
 from .auth import SESSION_SECONDS, Auth, WebSession, same_origin, same_token
@@ -235,8 +235,8 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
         status = await rt.compression.status(sid)
         # A session with both lines off keeps every message active (100,000 of them took a
         # second to read whole, every poll): read only the ends the page shows.
-        head = await _conversation(lambda n: rt.store.first_active(sid, n), status.kept_messages)
-        tail = await _conversation(lambda n: rt.store.get_history(sid, n), RECENT)
+        kept = await rt.compression.kept_originals(sid, status.kept_messages)
+        tail = await conversation_end(lambda n: rt.store.get_history(sid, n), RECENT)
         entry = {"entry_platform": record.platform, "entry_type": record.kind} if record else {}
         effective = await rt.settings.effective_all(sid, **entry)
         stored_session = await rt.store.get_settings("session", sid)
@@ -260,7 +260,7 @@ def create_app(get_runtime: Callable[[], Runtime], token: str, names: Names = no
                 "time": status.summary_time,
                 "sections": views.summary_sections(status.summary),
             },
-            "kept": [views.message_view(m) for m in views.kept_originals(head, status.kept_messages)],
+            "kept": [views.message_view(m) for m in kept],
             "recent": [views.message_view(m) for m in tail[-RECENT:]],
             "active": status.active_messages,
             "usage": usage,
@@ -422,20 +422,6 @@ async def _daily_cap(rt: Runtime, record: SessionRecord | None, cap: int) -> dic
         return None
     used = await rt.controls.used_today(record)
     return {"cap": cap, "used": used, "ratio": views.fraction(used, cap), "spent": 0 < cap <= used}
-
-
-async def _conversation(read: Callable[[int], Awaitable[list[Message]]], want: int) -> list[Message]:
-    """At least `want` conversation messages (or all there are) from `read(n)`, one end of
-    the active history `n` messages long: n grows until enough of them are conversation."""
-    if want <= 0:
-        return []
-    n = want * 2 + 8
-    while True:
-        got = await read(n)
-        talk = [m for m in got if m.is_conversation]
-        if len(talk) >= want or len(got) < n:
-            return talk
-        n *= 4
 
 
 def _session_cookie(response: Response, request: Request, value: str, seconds: int) -> None:

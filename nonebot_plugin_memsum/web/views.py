@@ -11,7 +11,7 @@ import csv
 import io
 import math
 import re
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, fields
 from typing import Any
 
@@ -138,14 +138,6 @@ def message_view(msg: Message, withdrawn: Collection[int] = ()) -> dict[str, Any
     if is_refused(msg):  # the provider's content review refused it: the model reads a placeholder
         view["refused"] = True
     return view
-
-
-def kept_originals(head: Sequence[Message], kept: int) -> list[Message]:
-    """The originals the summary in force kept (R-RUN-12): the first `kept` conversation
-    messages of the active history (the compression archived the rest of what it read; what
-    was said while it ran comes after them, and was never read). `kept` is the summary's own
-    count, as `/摘要` says it: 0 once the summary is cleared."""
-    return [m for m in head if m.is_conversation][:kept]
 
 
 def line_tokens(compress_at: float, model: ModelConfig | None, trim_budget: int | None) -> int | None:
