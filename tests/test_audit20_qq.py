@@ -16,7 +16,7 @@ from nonebug import App
 from nonebot_plugin_memsum import runtime, usage
 from nonebot_plugin_memsum.commands import format_time, status_text
 from nonebot_plugin_memsum.compression.service import SessionStatus
-from nonebot_plugin_memsum.config import ModelConfig
+from nonebot_plugin_memsum.config import ModelConfig, Tier
 from nonebot_plugin_memsum.llm.registry import Registry
 from nonebot_plugin_memsum.onebot import group_record
 from nonebot_plugin_memsum.types import Message
@@ -84,6 +84,49 @@ async def test_r_cfg_4_summary_before_any_usage_says_the_line_is_off_and_where_f
             ]
         ),
     )
+
+
+async def test_r_cfg_2_the_five_layers_as_the_owner_sets_and_resets_them_in_chat(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # global < onebot < onebot.group < 本群 < 本会话, each shown with its layer; resetting
+    # one uncovers the next below.
+    rt = runtime.get()
+    tiers = {"onebot": Tier(compress_at=0.7), "onebot.group": Tier(compress_at=0.6)}
+    monkeypatch.setattr(rt.settings, "_config", rt.config.model_copy(update={"memsum_tiers": tiers}))
+    group = new_group()
+    sid = group_record(SELF_ID, group).id
+    await usage_event(sid, 1000, window=100000, trim_budget=90000)
+
+    async def shown() -> tuple[str, str]:
+        line = Like(r"压缩线 ([\d.]+)（(.+?)）；生效线 \d+ token（窗口 100000）")
+        await run(app, group_msg("/压缩线", group), line)
+        status = Like(r".*\n设置：压缩线 ([\d.]+)（(.+?)），条数线 0（全局配置）")
+        await run(app, group_msg("/摘要", group), status)
+        said = re.fullmatch(str(line), line.seen or "")
+        listed = re.fullmatch(str(status), status.seen or "", re.S)
+        assert said is not None
+        assert listed is not None
+        assert said.groups() == listed.groups()  # /压缩线 and /摘要 agree
+        return said.group(1), said.group(2)
+
+    assert await shown() == ("0.6", "平台类型档")
+    await run(app, group_msg("/压缩线 群 0.5", group), Like("已将本群的压缩线设为 0.5。.*"))
+    assert await shown() == ("0.5", "本群")
+    await run(app, group_msg("/压缩线 0.4", group), Like("已将本会话的压缩线设为 0.4。.*"))
+    assert await shown() == ("0.4", "本会话")
+    await run(app, group_msg("/压缩线 默认", group), Like("已恢复本会话的压缩线为默认。.*"))
+    assert await shown() == ("0.5", "本群")
+    await run(app, group_msg("/压缩线 群 默认", group), Like("已恢复本群的压缩线为默认。.*"))
+    assert await shown() == ("0.6", "平台类型档")
+    monkeypatch.setattr(
+        rt.settings,
+        "_config",
+        rt.config.model_copy(update={"memsum_tiers": {"onebot": Tier(compress_at=0.7)}}),
+    )
+    assert await shown() == ("0.7", "平台档")
+    monkeypatch.setattr(rt.settings, "_config", rt.config)
+    assert await shown() == ("0.8", "全局配置")
 
 
 # ---- /摘要 shows the kept originals themselves (R-RUN-12) --------------------------------
@@ -164,8 +207,8 @@ async def say(qq: OneBotSim, group: int, command: str) -> str:
 
 
 async def test_r_mem_3_clearing_only_the_summary_also_cancels_a_waiting_compression(
-    bot: BotProcess,
-    sim: OneBotSim,
+    bot: BotProcess,  # noqa: F811
+    sim: OneBotSim,  # noqa: F811
     llm: ScriptedLLM,
     slow: Gate,  # noqa: F811
 ) -> None:
@@ -186,8 +229,8 @@ async def test_r_mem_3_clearing_only_the_summary_also_cancels_a_waiting_compress
 
 
 async def test_r_run_11_a_withdrawal_while_the_model_thinks_fails_with_history_changed(
-    bot: BotProcess,
-    sim: OneBotSim,
+    bot: BotProcess,  # noqa: F811
+    sim: OneBotSim,  # noqa: F811
     llm: ScriptedLLM,
     slow: Gate,  # noqa: F811
 ) -> None:
@@ -212,9 +255,9 @@ async def test_r_run_11_a_withdrawal_while_the_model_thinks_fails_with_history_c
 
 
 async def test_r_cfg_4_compress_at_0_turns_the_usage_line_off_and_the_count_line_still_compresses(
-    bot: BotProcess,
-    sim: OneBotSim,
-    llm: ScriptedLLM,  # noqa: F811
+    bot: BotProcess,  # noqa: F811
+    sim: OneBotSim,  # noqa: F811
+    llm: ScriptedLLM,
 ) -> None:
     group = 30203
     sid = group_sid(group)
