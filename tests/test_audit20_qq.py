@@ -19,6 +19,7 @@ from nonebot_plugin_memsum.compression.service import SessionStatus
 from nonebot_plugin_memsum.config import ModelConfig, Tier
 from nonebot_plugin_memsum.llm.registry import Registry
 from nonebot_plugin_memsum.onebot import group_record
+from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE
 from nonebot_plugin_memsum.types import Message
 from tests.fakes.botproc import BotProcess
 from tests.fakes.e2e import SELF_ID as QQ_SELF_ID
@@ -169,6 +170,31 @@ async def test_r_fail_2_a_window_too_small_for_the_summary_request_is_said(
     await run(app, group_msg("/压缩", group), "压缩失败：摘要模型的窗口装不下提示词、已有摘要与输出上限")
     assert len(await history(sid)) == 3  # R-FAIL-3
     assert summariser.requests == []
+
+
+@pytest.mark.parametrize(
+    ("reply", "reason"),
+    [
+        (Reply(CHAT_SUMMARY, finish_reason="length"), "摘要在输出上限处被截断"),
+        (Reply("【保留原文】\n无"), "摘要为空"),
+        (Reply(CHAT_SUMMARY * 5, cut_after=3), Like("摘要模型出错：test/model 回复中途断开（.+）")),
+    ],
+    ids=["length", "empty", "stream-cut"],
+)
+async def test_r_fail_1_the_owner_is_told_why_a_compression_failed(
+    app: App, summariser: ScriptedLLM, reply: Reply, reason: str
+) -> None:
+    group = new_group()
+    sid = group_record(SELF_ID, group).id
+    await seed(sid, group, 3)
+    summariser.push(reply)
+    await run(
+        app,
+        group_msg("/压缩", group),
+        Like("压缩失败：" + (reason if isinstance(reason, Like) else re.escape(reason))),
+    )
+    assert len(await history(sid)) == 3  # R-FAIL-3: no summary, nothing archived, no divider
+    assert await runtime.get().store.get_meta(SUMMARY_NAMESPACE, sid) is None
 
 
 async def test_r_fail_1_a_preferred_summary_model_that_is_gone_is_named(
