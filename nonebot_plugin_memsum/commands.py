@@ -34,6 +34,7 @@ from .agent import recall
 from .agent.prompt import cut_text
 from .agent.turn import Entry
 from .compression.service import STORE_FAILED, CompressionError, CompressionResult, SessionStatus
+from .compression.units import build_units
 from .config import PERSONA_MAX, Config, Mode
 from .llm.tokens import estimate_text_tokens
 from .lru import LRU
@@ -145,8 +146,9 @@ def settings_line(status: SessionStatus) -> str:
 
 
 def status_text(status: SessionStatus, zone: tzinfo | None = None, kept: Sequence[Message] = ()) -> str:
-    """What `/摘要` shows; `kept`: the kept originals themselves (R-RUN-12), listed as /回忆
-    lists messages and as the model reads them."""
+    """What `/摘要` shows; `kept`: the kept originals themselves (R-RUN-12), as the summary
+    model read them when it chose them (R-RUN-3: a tool group as its calls and results, a
+    withdrawn message as withdrawn)."""
     lines: list[str] = []
     if status.summary:
         when = f"（{format_time(status.summary_time, zone)}）" if status.summary_time else ""
@@ -155,7 +157,7 @@ def status_text(status: SessionStatus, zone: tzinfo | None = None, kept: Sequenc
     else:
         lines.append("本会话还没有摘要。")
     lines.append(f"保留原文 {status.kept_messages} 条" + ("：" if kept else ""))
-    lines += [bidi_visible(recall.shown_line(m, zone)) for m in kept]
+    lines += [bidi_visible(unit.text) for unit in build_units(kept)]
     run = status.last_run
     if run is None:
         lines.append("还没有压缩过。")

@@ -13,14 +13,14 @@ from datetime import UTC
 import pytest
 from nonebug import App
 
-from nonebot_plugin_memsum import runtime, usage
-from nonebot_plugin_memsum.commands import format_time, status_text
+from nonebot_plugin_memsum import runtime
+from nonebot_plugin_memsum.commands import status_text
 from nonebot_plugin_memsum.compression.service import SessionStatus
 from nonebot_plugin_memsum.config import ModelConfig, Tier
 from nonebot_plugin_memsum.llm.registry import Registry
 from nonebot_plugin_memsum.onebot import group_record
 from nonebot_plugin_memsum.store import SUMMARY_NAMESPACE
-from nonebot_plugin_memsum.types import Message
+from nonebot_plugin_memsum.types import Message, ToolCall
 from tests.fakes.botproc import BotProcess
 from tests.fakes.e2e import SELF_ID as QQ_SELF_ID
 from tests.fakes.e2e import group_sid, query, until
@@ -133,13 +133,12 @@ async def test_r_cfg_2_the_five_layers_as_the_owner_sets_and_resets_them_in_chat
 # ---- /摘要 shows the kept originals themselves (R-RUN-12) --------------------------------
 async def test_r_run_12_summary_lists_the_kept_originals(app: App, summariser: ScriptedLLM) -> None:
     # README: /摘要 「查看摘要、保留原文、…」; a count alone does not show what was kept.
-    rt = runtime.get()
     group = new_group()
     sid = group_record(SELF_ID, group).id
     await seed(sid, group, 40)  # enough conversation for a keep cap above one line
     summariser.push(Reply(f"【保留原文】\n#3\n{CHAT_SUMMARY}"))
     await run(app, group_msg("/压缩", group), Like("压缩完成：.*保留原文 1 条，归档 39 条。"))
-    kept = format_time(1.0 + 2, usage.zone_of(rt.config)) + " [用户20002(20002)] 第 2 句：周末去爬山吗"
+    kept = "[用户20002(20002)] 第 2 句：周末去爬山吗"  # as the summary model read it (R-RUN-3)
     listed = Like(rf".*\n保留原文 1 条：\n{re.escape(kept)}\n上次压缩：.*")
     await run(app, group_msg("/摘要", group), listed)
     # Cleared with the summary: none is kept any more, and none is listed.
@@ -147,15 +146,23 @@ async def test_r_run_12_summary_lists_the_kept_originals(app: App, summariser: S
     await run(app, group_msg("/摘要", group), Like(r"本会话还没有摘要。\n保留原文 0 条\n上次压缩：.*"))
 
 
-def test_r_run_12_a_kept_original_withdrawn_since_is_listed_as_the_model_reads_it() -> None:
+def test_r_run_12_kept_originals_are_listed_as_the_summary_model_read_them() -> None:
+    # A withdrawn one as withdrawn; a tool group as its call and result (R-RUN-3).
     said = Message(role="user", content="[甲(20001)] 提取码 8848", ts=0.0, withdrawn=True)
+    call = ToolCall("c1", "recall", '{"query": "爬山"}')
+    asked = Message(role="assistant", content="", ts=1.0, tool_calls=(call,))
+    found = Message(role="tool", content="找到 1 条", ts=1.0, tool_call_id="c1")
     status = SessionStatus(
-        summary=CHAT_SUMMARY, summary_time=None, kept_messages=1, last_run=None, running=False,
-        usage=None, line=None, window=None, compress_at=0.8, history_limit=0, active_messages=1,
+        summary=CHAT_SUMMARY, summary_time=None, kept_messages=3, last_run=None, running=False,
+        usage=None, line=None, window=None, compress_at=0.8, history_limit=0, active_messages=3,
         backoff_failures=0, backoff_turns_left=0,
     )  # fmt: skip
-    text = status_text(status, UTC, [said])
-    assert "保留原文 1 条：\n1970-01-01 00:00 [甲(20001)] （这条消息已撤回）\n" in text
+    text = status_text(status, UTC, [said, asked, found])
+    listed = (
+        "保留原文 3 条：\n[甲(20001)] （这条消息已撤回）\n"
+        '调用 recall({"query": "爬山"})\n工具结果(recall): 找到 1 条\n'
+    )
+    assert listed in text
     assert "8848" not in text
 
 

@@ -20,14 +20,7 @@ from typing import Any
 from nonebot_plugin_memsum import clock
 from nonebot_plugin_memsum.store import SearchHit, SearchQuery, Store
 from nonebot_plugin_memsum.store.search import match_expression, query_words, speaker_of, split_label
-from nonebot_plugin_memsum.types import (
-    REFUSED_TEXT,
-    WITHDRAWN_TEXT,
-    Message,
-    is_refused,
-    shown_content,
-    unquoted,
-)
+from nonebot_plugin_memsum.types import REFUSED_TEXT, WITHDRAWN_TEXT, Message, is_refused, unquoted
 
 from .tools import ToolContext, ToolRegistry
 
@@ -107,12 +100,6 @@ def line(m: Message, zone: tzinfo | None = None) -> str:
     would otherwise read as a line the owner said, to the model and on /回忆.
     """
     return "".join(_parts(m, zone))
-
-
-def shown_line(m: Message, zone: tzinfo | None = None) -> str:
-    """`line` of the message as the model reads it (`shown_content`: a withdrawn one as its
-    label and WITHDRAWN_TEXT), for what lists messages the model is still sent."""
-    return "".join(_parts(m, zone, content=shown_content(m)))
 
 
 _CUT_HEAD = "…"
