@@ -94,8 +94,7 @@ class _Call:
 Flow = Callable[[_Call], Awaitable[str]]
 RECALL_USAGE = "用法：/回忆 关键词 [@某人] [YYYY-MM-DD[..YYYY-MM-DD]]"
 RECALL_LIMIT = 10
-_DATE = r"(\d{4}[-/.]\d{1,2}[-/.]\d{1,2})"  # as recall.parse_time reads it
-_DATE_RANGE = re.compile(rf"^{_DATE}(?:(?:\.\.|~|～){_DATE})?$")
+_DATE_RANGE = re.compile(rf"^({recall.DATE})(?:(?:\.\.|~|～)({recall.DATE}))?$")
 
 
 # ---- pure text ----------------------------------------------------------------------

@@ -32,8 +32,9 @@ CONTEXT_LINES = 1
 NOTHING = "没有找到相关的聊天记录。"
 NO_TERMS = "关键词里没有可以搜索的文字（需要汉字、字母或数字）。"
 BACKWARDS = "日期范围的结束早于开始"
-_DAY = re.compile(r"^(\d{4})[-/.](\d{1,2})[-/.](\d{1,2})(?:[ T](\d{1,2}):(\d{2}))?$")
-"""A date as members write it: 2026-11-06, 2026/11/06 or 2026.11.06."""
+DATE = r"\d{4}[-/.]\d{1,2}[-/.]\d{1,2}"
+"""A date as members write it: 2026-11-06, 2026/11/06 or 2026.11.06 (also /回忆's ranges)."""
+_DAY = re.compile(rf"^({DATE})(?:[ T](\d{{1,2}}):(\d{{2}}))?$")
 
 # Sent with every chat request (issue 9): short; how to read a result is said in the result.
 DESCRIPTION = (
@@ -69,7 +70,8 @@ def parse_time(text: str, *, end: bool = False, zone: tzinfo | None = None) -> f
     m = _DAY.match(text.strip())
     if m is None:
         raise ValueError(f"日期「{text}」的格式应为 YYYY-MM-DD 或 YYYY-MM-DD HH:MM")
-    year, month, day, hour, minute = m.groups()
+    date, hour, minute = m.groups()
+    year, month, day = re.split(r"[-/.]", date)
     try:
         moment = datetime(int(year), int(month), int(day), int(hour or 0), int(minute or 0), tzinfo=zone)
     except ValueError:
