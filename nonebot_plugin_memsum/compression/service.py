@@ -727,10 +727,12 @@ class CompressionService:
             self._judging.discard(session_id)
 
     async def _background_run(self, session_id: str) -> None:
-        if session_id in self._runs:  # R-PROG-3: the background skips
-            return
         question = await self._left_unanswered(session_id) if session_id in self._resumed else None
         self._resumed.discard(session_id)
+        # R-PROG-3: the background skips. Asked after the await above, with nothing awaited
+        # before `_run` takes the session: a /压缩 begun meanwhile is the session's one run.
+        if session_id in self._runs:
+            return
         await self._run_counted(session_id, _Run(question=question))
 
     async def _left_unanswered(self, session_id: str) -> int | None:
