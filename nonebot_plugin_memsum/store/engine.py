@@ -204,6 +204,17 @@ class Db(ABC):
         side 0 a hit, −1 and 1 up to `context` conversation messages before and after it."""
 
 
+def _cannot_open(path: Path, err: sqlite3.Error) -> StoreError:
+    """SQLite's error opening the file, with the cause its "unable to open database file"
+    leaves out: mostly a folder the bot may not write (made by another user, `sudo mkdir`)."""
+    if err.sqlite_errorcode & 0xFF == sqlite3.SQLITE_CANTOPEN:
+        return StoreError(
+            f"cannot open {path} ({err}): the bot needs to create and write files in its folder"
+            f" {Path(path).parent} (the database, its -wal and -shm files)"
+        )
+    return StoreError(f"cannot open {path}: {err}")
+
+
 class SqliteDb(Db):
     shared = False
 
@@ -235,7 +246,7 @@ class SqliteDb(Db):
                     f"cannot open {path}: it is a folder; name the database file in it, e.g."
                     f" {Path(path) / 'memsum.db'}"
                 ) from err
-            raise StoreError(f"cannot open {path}: {err}") from err
+            raise _cannot_open(path, err) from err
         try:
             for pragma in _SQLITE_PRAGMAS:
                 await db.execute_fetchall(pragma)
@@ -261,7 +272,7 @@ class SqliteDb(Db):
                     " -shm files and its folder"
                 ) from err
             if isinstance(err, sqlite3.Error):
-                raise StoreError(f"cannot open {path}: {err}") from err
+                raise _cannot_open(path, err) from err
             raise
         return cls(db)
 
