@@ -1,6 +1,7 @@
 """Outside audit 21 (disk): what a bot owner meets when the database file and its folder
 misbehave. bot.py as a real process on its own SQLite file, the OneBot simulator over the
-reverse WebSocket (tests/fakes/onebot.py), the scripted model server: a folder the bot
+reverse WebSocket (tests/fakes/onebot.py), the scripted model server: another process (an
+owner's DB browser) holding the file's write lock past the busy timeout, a folder the bot
 cannot create its file in.
 """
 
@@ -9,17 +10,22 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.fakes.botproc import BotExitedError, BotProcess
+from tests.fakes.e2e import SELF_ID, connected, group_sid, query, until, wait_log, write_lock_held
 from tests.fakes.llm_server import Reply, ScriptedLLM
+from tests.fakes.onebot import OneBotSim, at, text
 
 pytestmark = pytest.mark.e2e
 
 PERSONA = "你是审计群里的助手小记。"
+ERROR_REPLY = "抱歉，我这边出了点问题，请稍后再试。"  # MEMSUM_ERROR_REPLY's default
 
 
 def is_chat(body: dict[str, Any]) -> bool:
@@ -37,6 +43,62 @@ def bot_in(tmp_path: Path, llm: ScriptedLLM, **extra: str) -> BotProcess:
     """bot.py at INFO (the level an owner runs at) on `tmp_path/bot`."""
     env = {"MEMSUM_MODELS": json.dumps([llm.model_config("test/model")]), "MEMSUM_PERSONA": PERSONA, **extra}
     return BotProcess(tmp_path / "bot", env=env, log_level="INFO")
+
+
+@asynccontextmanager
+async def talking(tmp_path: Path, llm: ScriptedLLM) -> AsyncIterator[tuple[BotProcess, OneBotSim]]:
+    async with bot_in(tmp_path, llm) as bot, connected(bot) as sim:
+        yield bot, sim
+
+
+async def said(bot: BotProcess, sid: str) -> list[str]:
+    rows = await query(bot.db_path, "SELECT content FROM messages WHERE session_id = ? ORDER BY id", sid)
+    return [str(r[0]) for r in rows]
+
+
+# ---- another process holds the write lock past the busy timeout ---------------------------
+# What an owner's DB browser does: DB Browser for SQLite holds its write transaction from the
+# first edit until "Write Changes" (tests/fakes/e2e.py, `write_lock_held`).
+async def test_messages_said_while_another_program_holds_the_write_lock_are_stored_once_it_lets_go(
+    tmp_path: Path, answering: ScriptedLLM
+) -> None:
+    # The owner opened memsum.db in a DB browser and edited a row without saving: every write
+    # waits the busy timeout (5 s) and fails. What the group says meanwhile is refused with
+    # one line naming the lock, the question is told the bot cannot answer now, and once the
+    # browser lets go everything is stored, once each.
+    group = 7601
+    sid = group_sid(group)
+    async with talking(tmp_path, answering) as (bot, sim):
+        await sim.group_message(group, 20001, "锁之前", nickname="甲")
+        await until(lambda: _holds(bot, sid, ["[甲(20001)] 锁之前"]), "the first message stored")
+        async with write_lock_held(bot.db_path) as release:
+            await sim.group_message(group, 20002, "锁着时说的第一句", nickname="乙")
+            await sim.group_message(group, 20003, [at(SELF_ID), text(" 锁着时问的")], nickname="丙")
+            await until(lambda: _told(sim, ERROR_REPLY), "the asker told", within=40)
+            await wait_log(bot, "memsum: cannot store messages in the database")
+            await release()
+        await sim.group_message(group, 20004, "放开之后", nickname="丁")
+        await until(lambda: _has_all(bot, sid), "everything stored", within=60)
+        stored = await said(bot, sid)
+        for line in ("[甲(20001)] 锁之前", "[乙(20002)] 锁着时说的第一句", "[丁(20004)] 放开之后"):
+            assert stored.count(line) == 1, stored
+        assert sum("锁着时问的" in c for c in stored) == 1, stored
+        log = bot.log()
+        assert "Traceback" not in log, log
+        assert "database is locked" in log
+
+
+async def _told(sim: OneBotSim, words: str) -> bool:
+    return any(words in said for said in sim.sent_texts())
+
+
+async def _holds(bot: BotProcess, sid: str, lines: list[str]) -> bool:
+    return await said(bot, sid) == lines
+
+
+async def _has_all(bot: BotProcess, sid: str) -> bool:
+    stored = await said(bot, sid)
+    return all(any(w in c for c in stored) for w in ("锁着时说的第一句", "锁着时问的", "放开之后"))
 
 
 # ---- a folder the bot cannot create its file in -------------------------------------------

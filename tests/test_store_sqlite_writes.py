@@ -13,31 +13,20 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import sys
 import threading
-from asyncio.subprocess import PIPE
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
+from tests.fakes.e2e import write_lock_held
+
 if TYPE_CHECKING:
     from nonebot_plugin_memsum.store import Store
     from nonebot_plugin_memsum.store.engine import SqliteDb
 
 SID = "onebot:group:123"
-
-# Another process that takes the file's write lock, says so, and keeps it until told.
-_HOLDER = """
-import sqlite3, sys
-conn = sqlite3.connect(sys.argv[1], isolation_level=None)
-conn.execute("BEGIN IMMEDIATE")
-print("locked", flush=True)
-sys.stdin.readline()
-conn.execute("COMMIT")
-print("released", flush=True)
-"""
 
 
 @pytest.fixture
@@ -89,13 +78,7 @@ async def test_while_another_process_holds_the_write_lock_the_loop_keeps_running
     store: Store, tmp_path: Path
 ) -> None:
     path = tmp_path / "memsum.db"
-    holder = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _HOLDER, str(path), stdin=PIPE, stdout=PIPE
-    )
-    assert holder.stdout is not None
-    assert holder.stdin is not None
-    try:
-        assert await holder.stdout.readline() == b"locked\n"
+    async with write_lock_held(path) as release:
 
         async def ten_ticks() -> None:
             for _ in range(10):
@@ -106,13 +89,8 @@ async def test_while_another_process_holds_the_write_lock_the_loop_keeps_running
         # write waiting on the loop would block it for the 5 s busy timeout, past this bound.
         await asyncio.wait_for(ten_ticks(), timeout=4)
         assert not writing.done()
-        holder.stdin.write(b"\n")
-        assert await holder.stdout.readline() == b"released\n"
+        await release()
         await writing
-    finally:
-        if holder.returncode is None:
-            holder.kill()
-        await holder.wait()
     assert _contents(path) == ["等锁的消息"]
     await _append(store, "之后")  # and the next write takes the loop's path again
     assert _contents(path) == ["等锁的消息", "之后"]

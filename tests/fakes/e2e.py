@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import sys
+from asyncio.subprocess import PIPE
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -141,3 +143,40 @@ async def wait_rows(bot: BotProcess, sid: str, n: int, within: float = 20) -> li
 
     await until(enough, f"{n} messages stored in {sid}", within)
     return found
+
+
+# Another process (an owner's DB browser, the sqlite3 shell) that takes the file's write lock,
+# says so, and keeps it until told.
+_WRITE_LOCK_HOLDER = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+sys.stdin.readline()
+conn.execute("COMMIT")
+print("released", flush=True)
+"""
+
+
+@asynccontextmanager
+async def write_lock_held(db: Path) -> AsyncIterator[Callable[[], Awaitable[None]]]:
+    """Another process holds the SQLite file's write lock from the start of the block until
+    the `release()` it yields is awaited (or the block is left)."""
+    holder = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _WRITE_LOCK_HOLDER, str(db), stdin=PIPE, stdout=PIPE
+    )
+    assert holder.stdout is not None
+    assert holder.stdin is not None
+    stdin, stdout = holder.stdin, holder.stdout
+
+    async def release() -> None:
+        stdin.write(b"\n")
+        assert await stdout.readline() == b"released\n"
+
+    try:
+        assert await stdout.readline() == b"locked\n"
+        yield release
+    finally:
+        if holder.returncode is None:
+            holder.kill()
+        await holder.wait()
