@@ -1,12 +1,13 @@
 """Outside audit 21 (disk): what a bot owner meets when the database file and its folder
 misbehave. bot.py as a real process on its own SQLite file, the OneBot simulator over the
 reverse WebSocket (tests/fakes/onebot.py), the scripted model server: another process (an
-owner's DB browser) holding the file's write lock past the busy timeout, a folder the bot
-cannot create its file in.
+owner's DB browser) holding the file's write lock past the busy timeout, the file deleted
+or moved while the bot runs, a folder the bot cannot create its file in.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -99,6 +100,50 @@ async def _holds(bot: BotProcess, sid: str, lines: list[str]) -> bool:
 async def _has_all(bot: BotProcess, sid: str) -> bool:
     stored = await said(bot, sid)
     return all(any(w in c for c in stored) for w in ("锁着时说的第一句", "锁着时问的", "放开之后"))
+
+
+# ---- the file deleted or moved while the bot runs -----------------------------------------
+@pytest.mark.parametrize("how", ["deleted", "moved"])
+async def test_a_database_file_deleted_or_moved_while_the_bot_runs_is_said_in_one_line(
+    tmp_path: Path, answering: ScriptedLLM, how: str
+) -> None:
+    # An owner "resetting" the memory deletes memsum.db while the bot runs (or moves it away
+    # as a backup). On Linux the bot went on writing the file it had open, now nameless: it
+    # still remembered everything, and all said from then on was gone at the next start, and
+    # the log never said a word. Now one line says so and what to do; the bot answers on.
+    group = 7602
+    sid = group_sid(group)
+    async with talking(tmp_path, answering) as (bot, sim):
+        await sim.group_message(group, 20001, "删文件之前", nickname="甲")
+        await until(lambda: _holds(bot, sid, ["[甲(20001)] 删文件之前"]), "the first message stored")
+        if how == "deleted":
+            for path in bot.db_path.parent.glob("memsum.db*"):
+                path.unlink()
+        else:
+            bot.db_path.rename(bot.db_path.with_name("备份 memsum.db"))
+        sent = 0
+
+        async def told() -> bool:
+            nonlocal sent
+            if "was deleted, moved or replaced while the bot runs" in bot.log():
+                return True
+            sent += 1
+            await sim.group_message(group, 20002, f"删文件之后第{sent}句", nickname="乙")
+            await asyncio.sleep(0.5)
+            return False
+
+        await until(told, "the line about the file", within=60)
+        await sim.group_message(group, 20003, [at(SELF_ID), text(" 还在吗")], nickname="丙")
+        await until(lambda: _answered(sim), "the answer")
+        log = bot.log()
+    lines = [line for line in log.splitlines() if "was deleted, moved or replaced" in line]
+    assert len(lines) == 1, log
+    assert str(bot.db_path) in lines[0]
+    assert "Traceback" not in log, log
+
+
+async def _answered(sim: OneBotSim) -> bool:
+    return "好的" in " ".join(sim.sent_texts())
 
 
 # ---- a folder the bot cannot create its file in -------------------------------------------

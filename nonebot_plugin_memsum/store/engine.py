@@ -26,8 +26,10 @@ import contextlib
 import functools
 import hashlib
 import math
+import os
 import re
 import sqlite3
+import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -35,6 +37,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 from urllib.parse import parse_qs, urlsplit
 
 import aiosqlite
+from nonebot.log import logger
 
 from nonebot_plugin_memsum.errors import SchemaTooNewError, StoreError
 from nonebot_plugin_memsum.types import unquoted
@@ -68,6 +71,9 @@ _SQLITE_PRAGMAS = (
 CHECKPOINT_EVERY = 256
 """Writes between two checkpoints of the WAL into the file, each run in aiosqlite's thread
 after a write (a message's write takes ~5 pages: about SQLite's default of 1,000 pages)."""
+FILE_CHECK_SECONDS = 10.0
+"""At most this often a message's write checks that the path still names the file the bot
+has open: an owner deleting memsum.db to start over while the bot runs (Linux, macOS)."""
 
 
 def is_url(location: Location) -> bool:
@@ -204,6 +210,12 @@ class Db(ABC):
         side 0 a hit, −1 and 1 up to `context` conversation messages before and after it."""
 
 
+def _identity(path: Path) -> tuple[int, int]:
+    """Which file the path names: (device, inode)."""
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
 def _cannot_open(path: Path, err: sqlite3.Error) -> StoreError:
     """SQLite's error opening the file, with the cause its "unable to open database file"
     leaves out: mostly a folder the bot may not write (made by another user, `sudo mkdir`)."""
@@ -218,8 +230,12 @@ def _cannot_open(path: Path, err: sqlite3.Error) -> StoreError:
 class SqliteDb(Db):
     shared = False
 
-    def __init__(self, db: aiosqlite.Connection) -> None:
+    def __init__(self, db: aiosqlite.Connection, path: Path, identity: tuple[int, int]) -> None:
         self._raw = db
+        self._path = path
+        self._identity: tuple[int, int] | None = identity
+        """The open file's (device, inode); None once it was found gone (`_check_file`)."""
+        self._checked = time.monotonic()
         self._queued: list[tuple[str, Sequence[Any], bool]] = []
         """Statements nobody reads an answer of (a BEGIN, a write inside a transaction; `True`:
         one statement over many rows), sent with the next statement that answers: each trip
@@ -274,7 +290,7 @@ class SqliteDb(Db):
             if isinstance(err, sqlite3.Error):
                 raise _cannot_open(path, err) from err
             raise
-        return cls(db)
+        return cls(db, path, await asyncio.to_thread(_identity, path))
 
     async def raw(self) -> aiosqlite.Connection:
         """The aiosqlite connection, for SQL of its own (the search index), with every
@@ -312,6 +328,27 @@ class SqliteDb(Db):
         except sqlite3.Error as err:
             raise StoreError(f"store {what} failed: {err}") from err
 
+    def _check_file(self) -> None:
+        """Say once when the path no longer names the open file. The bot then wrote on into a
+        deleted (or moved) file: it still remembered everything, and what it stored from then
+        on was gone at the next start without a word in the log."""
+        now = time.monotonic()
+        if self._identity is None or now - self._checked < FILE_CHECK_SECONDS:
+            return
+        self._checked = now
+        try:
+            if _identity(self._path) == self._identity:
+                return
+        except OSError:
+            pass
+        self._identity = None
+        logger.error(
+            f"memsum: the database file {self._path} was deleted, moved or replaced while the bot"
+            " runs: the bot goes on with the file it opened, and what it stores from now on will not"
+            " be in that path at its next start; to start over with an empty memory, stop the bot"
+            " first, then delete the file with its -wal and -shm files"
+        )
+
     async def _write(self, run: Callable[[sqlite3.Connection], T]) -> T:
         """A message's write (a statement or two, ~0.07 ms of SQLite) on the event loop's
         thread when the connection is idle: a trip to aiosqlite's thread costs about as much
@@ -319,6 +356,7 @@ class SqliteDb(Db):
         a transaction is open or queued, a call is still running there (its awaiting task may
         have been cancelled), or a checkpoint is due (it may take an fsync: never on the loop);
         and when another process holds the write lock, which we wait for there, not here."""
+        self._check_file()
         conn = self._raw._conn
         if (
             self._queued
