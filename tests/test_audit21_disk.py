@@ -2,7 +2,8 @@
 misbehave. bot.py as a real process on its own SQLite file, the OneBot simulator over the
 reverse WebSocket (tests/fakes/onebot.py), the scripted model server: another process (an
 owner's DB browser) holding the file's write lock past the busy timeout, the file deleted
-or moved while the bot runs, a folder the bot cannot create its file in.
+or moved while the bot runs, a folder the bot cannot create its file in; and, on the store
+with a real file, a reader in another program holding its snapshot while messages arrive.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ import asyncio
 import json
 import os
 import shutil
+import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -23,7 +25,8 @@ from tests.fakes.e2e import SELF_ID, connected, group_sid, query, until, wait_lo
 from tests.fakes.llm_server import Reply, ScriptedLLM
 from tests.fakes.onebot import OneBotSim, at, text
 
-pytestmark = pytest.mark.e2e
+if TYPE_CHECKING:
+    from nonebot_plugin_memsum.store import Store
 
 PERSONA = "你是审计群里的助手小记。"
 ERROR_REPLY = "抱歉，我这边出了点问题，请稍后再试。"  # MEMSUM_ERROR_REPLY's default
@@ -58,8 +61,11 @@ async def said(bot: BotProcess, sid: str) -> list[str]:
 
 
 # ---- another process holds the write lock past the busy timeout ---------------------------
-# What an owner's DB browser does: DB Browser for SQLite holds its write transaction from the
-# first edit until "Write Changes" (tests/fakes/e2e.py, `write_lock_held`).
+# What an owner's DB browser does (tests/fakes/e2e.py, `write_lock_held`): DB Browser for
+# SQLite holds the file's write lock after a statement in its Execute SQL tab, even a SELECT or
+# with the file opened read-only, until Write Changes, Revert Changes or close
+# (github.com/sqlitebrowser/sqlitebrowser issues 1322 and 2154).
+@pytest.mark.e2e
 async def test_messages_said_while_another_program_holds_the_write_lock_are_stored_once_it_lets_go(
     tmp_path: Path, answering: ScriptedLLM
 ) -> None:
@@ -103,6 +109,7 @@ async def _has_all(bot: BotProcess, sid: str) -> bool:
 
 
 # ---- the file deleted or moved while the bot runs -----------------------------------------
+@pytest.mark.e2e
 @pytest.mark.parametrize("how", ["deleted", "moved"])
 async def test_a_database_file_deleted_or_moved_while_the_bot_runs_is_said_in_one_line(
     tmp_path: Path, answering: ScriptedLLM, how: str
@@ -146,7 +153,51 @@ async def _answered(sim: OneBotSim) -> bool:
     return "好的" in " ".join(sim.sent_texts())
 
 
+# ---- a reader in another program holding its snapshot -------------------------------------
+async def _append(store: Store, text: str) -> None:
+    from nonebot_plugin_memsum.types import Message
+
+    await store.append("onebot:10000:group:7603", Message(role="user", content=text, ts=1.0))
+
+
+def _count(db: Path) -> int:
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        [(n,)] = conn.execute("SELECT COUNT(*) FROM messages").fetchall()
+    conn.close()
+    return int(n)
+
+
+@pytest.mark.parametrize("location", ["sqlite"], indirect=True)  # conftest.py's `store` on a file
+async def test_the_wal_a_long_reader_let_grow_shrinks_once_it_lets_go(store: Store) -> None:
+    # A program reading the file held its read transaction through a busy evening (the
+    # sqlite3 shell after BEGIN, a backup): no checkpoint could pass its snapshot, so the WAL
+    # grew with every message (~17 KB each); once it let go the WAL was reused but kept its
+    # size, hundreds of MB beside a database of a few, until the bot stopped. Now the next
+    # checkpoints bring it back to WAL_SIZE_LIMIT, and nothing written meanwhile is lost.
+    from nonebot_plugin_memsum.store.engine import CHECKPOINT_EVERY, WAL_SIZE_LIMIT
+
+    wal = store.path.with_name(store.path.name + "-wal")
+    await _append(store, "之前")
+    reader = sqlite3.connect(store.path, isolation_level=None)
+    try:
+        reader.execute("BEGIN")
+        assert reader.execute("SELECT COUNT(*) FROM messages").fetchone() == (1,)
+        i = 0
+        while wal.stat().st_size <= 2 * WAL_SIZE_LIMIT:
+            await _append(store, f"读着的时候第 {i} 条，" + "很长的内容" * 300)
+            i += 1
+        peak = wal.stat().st_size
+        reader.execute("COMMIT")
+    finally:
+        reader.close()
+    for j in range(2 * CHECKPOINT_EVERY):
+        await _append(store, f"放开之后第 {j} 条")
+    assert wal.stat().st_size <= WAL_SIZE_LIMIT < peak
+    assert _count(store.path) == 1 + i + 2 * CHECKPOINT_EVERY
+
+
 # ---- a folder the bot cannot create its file in -------------------------------------------
+@pytest.mark.e2e
 async def test_a_database_folder_the_bot_cannot_write_stops_start_up_with_one_line_naming_it(
     tmp_path: Path, answering: ScriptedLLM
 ) -> None:

@@ -62,11 +62,16 @@ URL_SCHEMES = ("postgresql", "postgres")
 # of failing at once. No automatic checkpoint: it runs in whichever thread commits, and
 # a message's write may run on the event loop's (`SqliteDb._write`); CHECKPOINT_EVERY.
 _BUSY_TIMEOUT_MS = 5000
+WAL_SIZE_LIMIT = 16 << 20
+"""Bytes the WAL is cut back to once a checkpoint let SQLite start it over (`journal_size_limit`):
+without it the WAL keeps the largest size it ever had, which a reader in another process (a DB
+browser, a backup) holding its snapshot lets grow with every message (~17 KB each)."""
 _SQLITE_PRAGMAS = (
     "PRAGMA synchronous = NORMAL",
     "PRAGMA foreign_keys = ON",
     f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}",
     "PRAGMA wal_autocheckpoint = 0",
+    f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}",
 )
 CHECKPOINT_EVERY = 256
 """Writes between two checkpoints of the WAL into the file, each run in aiosqlite's thread
