@@ -4,7 +4,9 @@
     require("nonebot_plugin_memsum")
     from nonebot_plugin_memsum import api
 
-Everything here works once NoneBot has started (the plugin's runtime exists). A session
+Everything here works once NoneBot has started (the plugin's runtime exists); `tool`,
+`subscribe`, `contribute` and `set_todo_provider` also before, at the plugin's import, where
+NoneBot plugins register their matchers: kept, they apply at every start. A session
 exists once `internal_session`, `child_session`, `record` or a chat made it: `run_turn`,
 `build_prompt` and `child_session` (its parent) raise `SessionNotFound` for any other id;
 the reads (`history`, `search`, `status`, `compress_at`) answer for it as for an empty
@@ -20,14 +22,13 @@ from typing import Any, Literal, TypeVar
 from nonebot_plugin_memsum import clock, runtime
 from nonebot_plugin_memsum.agent.events import (
     CompressionProgress,
-    EventBus,
     Outcome,
     TurnEnded,
     TurnStarted,
     UsageEvent,
 )
 from nonebot_plugin_memsum.agent.prompt import Prompt
-from nonebot_plugin_memsum.agent.tools import TodoItem, TodoProvider, ToolContext, ToolFn
+from nonebot_plugin_memsum.agent.tools import TodoItem, TodoProvider, ToolContext, ToolFn, offer_todo_tool
 from nonebot_plugin_memsum.agent.turn import Entry, ReplyFn
 from nonebot_plugin_memsum.compression.service import CompressionResult, SessionStatus
 from nonebot_plugin_memsum.errors import (
@@ -37,6 +38,7 @@ from nonebot_plugin_memsum.errors import (
     CompressionError,
     MemsumError,
     NotDelivered,
+    NotStarted,
     SessionNotFound,
     StoreError,
     ToolNameTaken,
@@ -198,7 +200,19 @@ def contribute(anchor: str, fn: Callable[[str], Awaitable[str | None] | str | No
     Anything but a function raises TypeError: it would fail every prompt, in the log only."""
     if not callable(fn):
         raise TypeError(f"api.contribute({anchor!r}, ...): give a function of the session id, not {fn!r}")
-    runtime.get().agent.contribute(anchor, fn)
+    rt = _started()
+    if rt is not None:
+        rt.agent.contribute(anchor, fn)
+    else:  # before start: kept for every start (runtime.Pending)
+        runtime.pending.keep(lambda rt: rt.agent.contribute(anchor, fn))
+
+
+def _started() -> runtime.Runtime | None:
+    """The runtime, or None before NoneBot started it: registrations are kept then."""
+    try:
+        return runtime.get()
+    except NotStarted:
+        return None
 
 
 def tool(
@@ -209,8 +223,19 @@ def tool(
     it; `replace=True` replaces that tool on purpose. A name the model APIs refuse (anything
     but 1 to 64 of a-z, A-Z, 0-9, `_` and `-`: no Chinese, spaces or dots) raises BadToolName;
     parameters they refuse (anything but a JSON Schema object of `"type": "object"`) raise
-    BadToolSchema."""
-    return runtime.get().tools.tool(name, description, parameters, replace=replace)
+    BadToolSchema. Used before NoneBot started (at the plugin's import), the same errors are
+    raised here, the taken names being the built-in ones and those registered before."""
+    rt = _started()
+    if rt is not None:
+        return rt.tools.tool(name, description, parameters, replace=replace)
+    check = runtime.pending.tools.tool(name, description, parameters, replace=replace)
+
+    def keep(fn: ToolFn) -> ToolFn:
+        check(fn)
+        runtime.pending.keep(lambda rt: rt.tools.tool(name, description, parameters, replace=replace)(fn))
+        return fn
+
+    return keep
 
 
 def set_todo_provider(provider: TodoProvider | None) -> None:
@@ -219,7 +244,12 @@ def set_todo_provider(provider: TodoProvider | None) -> None:
     of each compression (R-RUN-4), and the built-in `todo_write` tool writes through its
     `replace(session_id, items)`. None: no todo list (the summary input carries none and the
     tool is not offered). A `todo_write` tool another plugin registered itself stays."""
-    runtime.get().use_todos(provider)
+    rt = _started()
+    if rt is not None:
+        rt.use_todos(provider)
+        return
+    offer_todo_tool(runtime.pending.tools, provider)  # the names `api.tool` finds taken
+    runtime.pending.keep(lambda rt: rt.use_todos(provider))
 
 
 async def todos(session_id: str) -> list[TodoItem]:
@@ -235,8 +265,22 @@ def subscribe(event_type: type[E], handler: Callable[[E], Awaitable[None] | None
     if event_type not in EVENTS:
         names = ", ".join(e.__name__ for e in EVENTS)
         raise TypeError(f"api.subscribe: {event_type!r} is no event; subscribe to one of {names}")
-    bus: EventBus = runtime.get().bus
-    return bus.subscribe(event_type, handler)
+    rt = _started()
+    if rt is not None:
+        return rt.bus.subscribe(event_type, handler)
+    applied: list[Callable[[], None]] = []  # the unsubscribe of the runtime it is applied to
+
+    def step(rt: runtime.Runtime) -> None:
+        applied[:] = [rt.bus.subscribe(event_type, handler)]
+
+    drop = runtime.pending.keep(step)
+
+    def unsubscribe() -> None:
+        drop()
+        for undo in applied:
+            undo()
+
+    return unsubscribe
 
 
 async def compress(session_id: str) -> CompressionResult:

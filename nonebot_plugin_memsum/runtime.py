@@ -18,8 +18,16 @@ from typing import Any
 from nonebot.log import logger
 
 from .agent.events import EventBus
-from .agent.recall import mask_withdrawn, register_recall_tool
-from .agent.tools import TODO_TOOL, StoreTodoProvider, TodoProvider, ToolRegistry, register_todo_tool
+from .agent.recall import RECALL_TOOL, mask_withdrawn, register_recall_tool
+from .agent.tools import (
+    TODO_TOOL,
+    StoreTodoProvider,
+    TodoProvider,
+    ToolContext,
+    ToolRegistry,
+    offer_todo_tool,
+    register_todo_tool,
+)
 from .agent.turn import Agent
 from .compression.service import CompressionService
 from .config import DEFAULT_PERSONA, Config
@@ -64,14 +72,42 @@ class Runtime:
         `todo_write` tool writes: another plugin's, or none (then the summary input carries no
         task list and the tool is not offered). A `todo_write` of another plugin stays as it is."""
         self.compression.todos = provider
-        if not self.tools.is_builtin_or_free(TODO_TOOL):
-            return
-        if provider is None:
-            self.tools.drop(TODO_TOOL)
-        else:
-            register_todo_tool(self.tools, provider, replace=True)
+        offer_todo_tool(self.tools, provider)
 
 
+Step = Callable[[Runtime], object]
+
+
+class Pending:
+    """Other plugins' registrations (tools, listeners, contributions, a todo list) made
+    before NoneBot started the runtime: at their import, where NoneBot plugins register
+    their matchers. Kept for the process, and applied in order to every runtime `start`
+    builds (tests start and stop several)."""
+
+    def __init__(self) -> None:
+        self.steps: list[Step] = []
+        self.tools = ToolRegistry()
+        """The tool names the kept steps leave taken, beside the built-in ones: a taken name
+        raises at the registering call, as after start. Its functions never run."""
+        for name in (RECALL_TOOL, TODO_TOOL):
+            self.tools.tool(name, name, {"type": "object"}, builtin=True)(_never_run)
+
+    def keep(self, step: Step) -> Callable[[], None]:
+        """Keep `step` for every start; returns a function that drops it again."""
+        self.steps.append(step)
+
+        def drop() -> None:
+            if step in self.steps:
+                self.steps.remove(step)
+
+        return drop
+
+
+def _never_run(ctx: ToolContext, args: dict[str, Any]) -> str:
+    raise AssertionError("Pending.tools only holds names")
+
+
+pending = Pending()
 _current: Runtime | None = None
 STOP_GRACE = 10.0
 """Seconds a SIGTERM waits for the turns in flight before the server shuts down."""
@@ -93,6 +129,8 @@ async def start(config: Config, location: Location, nicknames: list[str], superu
         except ConfigError:
             await close(rt)
             raise
+        for step in pending.steps:
+            step(rt)
         _current = rt
         chat, summary = _current.registry.resolve("chat"), _current.registry.resolve("summary")
         logger.info(

@@ -448,17 +448,12 @@ require("nonebot_plugin_memsum")
 from nonebot_plugin_memsum import api
 
 SESSION = "plugin-a:notes"
-try:  # at import, before NoneBot started: a clear error, nothing half-registered
-    api.contribute("a-notes", lambda sid: "A 的备注")
-    AT_IMPORT = None
-except RuntimeError as err:
-    AT_IMPORT = f"{type(err).__name__}: {err}"
+# At import, before NoneBot started (as matchers are registered): kept, applied at start.
+api.contribute("a-notes", lambda sid: "A 的备注" if sid == SESSION else None)
 
 
 @get_driver().on_startup
 async def _register() -> None:
-    api.contribute("a-notes", lambda sid: "A 的备注" if sid == SESSION else None)
-
     @api.tool("a_lookup", "A 插件的查询", {"type": "object", "properties": {}})
     async def lookup(ctx: api.ToolContext, args: dict) -> str:
         return "A 的结果"
@@ -498,7 +493,7 @@ async def before():
     try:
         await api.internal_session("too-early")
     except RuntimeError as err:
-        return {"import": plugin_a.AT_IMPORT, "call": f"{type(err).__name__}: {err}"}
+        return {"call": f"{type(err).__name__}: {err}"}
 
 
 async def during():
@@ -533,7 +528,7 @@ async def test_two_plugins_require_it_in_one_process_before_during_and_after_sta
     out = await host(tmp_path, models.llm, files)
     assert out["loaded"] == {"plugin_a": True, "plugin_b": True}
     not_started = "NotStarted: nonebot-plugin-memsum is not started yet (NoneBot on_startup has not run)"
-    assert out["before"] == {"import": not_started, "call": not_started}
+    assert out["before"] == {"call": not_started}
     assert out["after"] == not_started
     during = out["during"]
     assert during["outcomes"] == ["replied", "replied"]

@@ -24,6 +24,7 @@ from nonebot_plugin_memsum.types import REFUSED_TEXT, WITHDRAWN_TEXT, Message, i
 
 from .tools import ToolContext, ToolRegistry
 
+RECALL_TOOL = "recall"
 RESULT_TOKENS = 1500
 """What one recall result may cost the prompt."""
 DEFAULT_LIMIT = 8
@@ -227,7 +228,7 @@ def register_recall_tool(
 ) -> None:
     """`recall`, reading and writing times in `zone` (MEMSUM_TIMEZONE, as /用量 does)."""
 
-    @registry.tool("recall", DESCRIPTION, PARAMETERS, builtin=True)
+    @registry.tool(RECALL_TOOL, DESCRIPTION, PARAMETERS, builtin=True)
     async def recall(ctx: ToolContext, args: dict[str, Any]) -> str:
         try:
             query = query_of(ctx.session_id, args, zone)

@@ -204,3 +204,14 @@ def register_todo_tool(registry: ToolRegistry, provider: TodoProvider, *, replac
             if items
             else "待办已清空"
         )
+
+
+def offer_todo_tool(registry: ToolRegistry, provider: TodoProvider | None) -> None:
+    """The built-in `todo_write` writing to `provider`, or not offered when None; a
+    `todo_write` of another plugin stays as it is."""
+    if not registry.is_builtin_or_free(TODO_TOOL):
+        return
+    if provider is None:
+        registry.drop(TODO_TOOL)
+    else:
+        register_todo_tool(registry, provider, replace=True)
